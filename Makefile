@@ -1,0 +1,54 @@
+# ctrctl: `make demo` runs the pipeline on built-in defaults, `make test` runs the tests.
+# Both set up .venv first; setup is idempotent and skips pip when pyproject.toml is unchanged.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.ctrctl-installed
+BENCH_STAMP := $(VENV)/.ctrctl-bench-installed
+# The CUDA build of fbgemm-gpu where a CUDA driver is present, the CPU build elsewhere.
+FBGEMM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+PYTEST_ARGS ?=
+DEMO_DIR ?= demo
+
+.PHONY: setup test test-slow test-all demo lint bench bench-setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev,$(FBGEMM_EXTRA)]"
+	$(PY) -c "import ctrctl.compat as c; c.check_versions(strict=True)"
+	@touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test-slow: setup
+	$(PY) -m pytest -m "slow and not gpu" $(PYTEST_ARGS)
+
+test-all: setup
+	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) scripts/demo.py --out $(DEMO_DIR)
+
+lint: setup
+	$(VENV)/bin/ruff check ctrctl tests scripts
+	$(VENV)/bin/mypy ctrctl
+
+# TorchRec is a benchmark reference only: installed without its dependencies so that it
+# cannot pull the CUDA build of fbgemm-gpu over the CPU one.
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --no-deps torchrec==1.8.0
+	$(PY) -m pip install --quiet tensordict tqdm pyre-extensions iopath pandas
+	@touch $(BENCH_STAMP)
+
+bench-setup: $(BENCH_STAMP)
+
+bench: bench-setup
+	$(PY) scripts/run_benchmarks.py
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache

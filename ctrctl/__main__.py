@@ -1,0 +1,7 @@
+"""``python -m ctrctl``."""
+
+import sys
+
+from ctrctl.cli.app import main
+
+sys.exit(main())

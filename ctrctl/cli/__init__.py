@@ -1,0 +1,1 @@
+"""The command-line interface: typer commands over library calls. Nothing imports this."""

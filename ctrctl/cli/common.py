@@ -1,0 +1,116 @@
+"""What every command shares: option types, the console, progress, tracking, errors."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.progress import Progress as RichProgressBar
+
+from ctrctl.progress import LogProgress, Progress
+from ctrctl.tracking import Tracker, make_tracker
+
+#: Human output goes to stderr; stdout is kept for machine-readable output (--json).
+console = Console(stderr=True)
+stdout = Console()
+
+TrackingUri = Annotated[
+    str | None,
+    typer.Option(
+        "--tracking-uri",
+        envvar="MLFLOW_TRACKING_URI",
+        help="MLflow tracking URI (a server or store); default: sqlite mlflow.db here.",
+    ),
+]
+NoTrack = Annotated[bool, typer.Option("--no-track", help="Do not track this step in MLflow.")]
+Experiment = Annotated[
+    str, typer.Option("--experiment", help="MLflow experiment name.")
+]
+Overwrite = Annotated[
+    bool, typer.Option("--overwrite", help="Replace an existing output instead of refusing.")
+]
+OutDir = Annotated[Path, typer.Option("--out", "-o", help="Output folder.")]
+
+
+def tracker_from(no_track: bool, tracking_uri: str | None, experiment: str) -> Tracker:
+    """The tracker for a command's flags."""
+    return make_tracker(enabled=not no_track, tracking_uri=tracking_uri, experiment=experiment)
+
+
+class RichProgress(Progress):
+    """A rich progress bar with a rate and extra fields (loss, auc, ...)."""
+
+    def __init__(self) -> None:
+        self._bar: RichProgressBar | None = None
+        self._task: Any = None
+        self._unit = "it"
+
+    def start(self, description: str, total: float | None = None, unit: str = "it") -> None:
+        self.finish()
+        self._unit = unit
+        self._bar = RichProgressBar(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TextColumn("{task.fields[extra]}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self._bar.start()
+        self._task = self._bar.add_task(description, total=total, rate="", extra="")
+
+    def advance(self, amount: float = 1, **fields: Any) -> None:
+        if self._bar is None:
+            return
+        task = self._bar.tasks[0]
+        speed = task.speed or 0.0
+        extra = " ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items()
+        )
+        self._bar.update(
+            self._task, advance=amount, rate=f"{speed:,.0f} {self._unit}/s", extra=extra
+        )
+
+    def finish(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def make_progress() -> Progress:
+    """A rich bar on a terminal, plain log lines otherwise."""
+    if console.is_terminal:
+        return RichProgress()
+    return LogProgress()
+
+
+def setup_logging(verbose: bool) -> None:
+    """Library logs to stderr: INFO normally, DEBUG under --verbose."""
+    from rich.logging import RichHandler
+
+    level = logging.DEBUG if verbose else logging.INFO
+    root = logging.getLogger("ctrctl")
+    root.handlers.clear()
+    if console.is_terminal:
+        handler: logging.Handler = RichHandler(console=console, show_path=verbose)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level)
+    root.propagate = False

@@ -1,0 +1,1 @@
+"""Raw logs to Parquet (schema, preprocess, synth) and Parquet to batches (dataset)."""

@@ -1,0 +1,1 @@
+"""Sharded embeddings across processes: sharding types, DistributedModelParallel, planner."""

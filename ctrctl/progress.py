@@ -1,0 +1,79 @@
+"""Progress reporting from long library calls, without the library knowing about terminals.
+
+A long call (preprocess, train, eval) takes a ``progress: Progress`` argument and reports to
+it; the default :class:`NullProgress` does nothing. The CLI passes a rich progress bar on a
+terminal and plain log lines otherwise (see ``ctrctl.cli.common.make_progress``).
+
+Example:
+    >>> p = NullProgress()
+    >>> p.start("rows", total=1000, unit="rows")
+    >>> p.advance(500, loss=0.43)
+    >>> p.finish()
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class Progress:
+    """The interface; this base class reports nothing."""
+
+    def start(self, description: str, total: float | None = None, unit: str = "it") -> None:
+        """Begin a task of ``total`` units (None when unknown)."""
+
+    def advance(self, amount: float = 1, **fields: Any) -> None:
+        """Record ``amount`` more units done; ``fields`` are shown beside (loss=..., auc=...)."""
+
+    def finish(self) -> None:
+        """End the current task."""
+
+
+NullProgress = Progress
+
+
+class LogProgress(Progress):
+    """Plain log lines at most every ``interval`` seconds: for logs, CI and pipes."""
+
+    def __init__(self, interval: float = 5.0, log: logging.Logger | None = None):
+        self.interval = interval
+        self.log = log or logger
+        self._description = ""
+        self._total: float | None = None
+        self._unit = "it"
+        self._done = 0.0
+        self._t0 = 0.0
+        self._last = 0.0
+
+    def start(self, description: str, total: float | None = None, unit: str = "it") -> None:
+        self._description, self._total, self._unit = description, total, unit
+        self._done = 0.0
+        self._t0 = self._last = time.perf_counter()
+
+    def _line(self, fields: dict[str, Any]) -> str:
+        elapsed = max(time.perf_counter() - self._t0, 1e-9)
+        rate = self._done / elapsed
+        total = f"/{self._total:,.0f}" if self._total else ""
+        extra = "".join(
+            f" {k}={v:.4g}" if isinstance(v, float) else f" {k}={v}" for k, v in fields.items()
+        )
+        return (
+            f"{self._description}: {self._done:,.0f}{total} {self._unit} "
+            f"({rate:,.0f} {self._unit}/s){extra}"
+        )
+
+    def advance(self, amount: float = 1, **fields: Any) -> None:
+        self._done += amount
+        now = time.perf_counter()
+        if now - self._last >= self.interval:
+            self._last = now
+            self.log.info(self._line(fields))
+
+    def finish(self) -> None:
+        if self._description:
+            self.log.info(self._line({}) + " done")
+        self._description = ""

@@ -1,0 +1,1 @@
+"""Helpers for tests, importable by spawned ranks (so they live in the package)."""

@@ -1,0 +1,174 @@
+"""Experiment tracking: one MLflow run per pipeline step, or nothing.
+
+With no tracking URI configured, MLflow's own default store is used (sqlite ``mlflow.db``
+in the working folder, artifacts under ``mlruns/``). ``--tracking-uri`` or
+``MLFLOW_TRACKING_URI`` point at a server; ``--no-track`` gives a :class:`NoopTracker`.
+Nothing here touches MLflow until a run starts.
+
+Example:
+    >>> tracker = make_tracker(enabled=True, tracking_uri=None, experiment="ctrctl")
+    >>> with tracker.run("preprocess") as run:
+    ...     run.log_params({"schema": "criteo"})
+    ...     run.log_metrics({"rows": 8000})
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_EXPERIMENT = "ctrctl"
+#: A parent run (``ctrctl run``) passes its id to child steps, which become nested runs.
+PARENT_RUN_ENV = "CTRCTL_PARENT_RUN_ID"
+
+
+def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+class Run:
+    """What a step logs to; the no-op base class logs nothing."""
+
+    run_id: str | None = None
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Log parameters; nested mappings are flattened to ``a.b`` keys."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Log numeric metrics, optionally at a step."""
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """Log a file or a folder as an artifact."""
+
+    def log_dict(self, obj: Any, name: str) -> None:
+        """Log a JSON-serialisable object as ``name`` (a .json file name)."""
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Set tags on the run."""
+
+
+class Tracker:
+    """Starts runs; this base class is the no-op tracker."""
+
+    enabled = False
+
+    @contextlib.contextmanager
+    def run(self, name: str, tags: Mapping[str, str] | None = None) -> Iterator[Run]:
+        yield Run()
+
+
+NoopTracker = Tracker
+
+
+class MlflowRun(Run):
+    def __init__(self, client: Any, run_id: str):
+        self._client = client
+        self.run_id = run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        flat = _flatten(params)
+        batch = [Param(k, str(v)[:6000]) for k, v in flat.items()]
+        for start in range(0, len(batch), 100):
+            self._client.log_batch(self.run_id, params=batch[start : start + 100])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [
+            Metric(k, float(v), now, step or 0)
+            for k, v in _flatten(metrics).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        ]
+        for start in range(0, len(batch), 500):
+            self._client.log_batch(self.run_id, metrics=batch[start : start + 500])
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self._client.log_artifacts(self.run_id, str(path), artifact_path)
+        else:
+            self._client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_dict(self, obj: Any, name: str) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            target = Path(tmp) / name
+            target.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
+            self._client.log_artifact(self.run_id, str(target))
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        for key, value in tags.items():
+            self._client.set_tag(self.run_id, key, str(value))
+
+
+class MlflowTracker(Tracker):
+    """Tracks to MLflow through its client API (no global active-run state).
+
+    Args:
+        tracking_uri: a server or store URI; None means ``MLFLOW_TRACKING_URI`` or MLflow's
+            default (sqlite ``mlflow.db`` in the working folder).
+        experiment: experiment name, created when missing.
+    """
+
+    enabled = True
+
+    def __init__(self, tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT):
+        self.tracking_uri = tracking_uri
+        self.experiment = experiment
+
+    def _client(self) -> Any:
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(tracking_uri=self.tracking_uri)
+
+    @contextlib.contextmanager
+    def run(self, name: str, tags: Mapping[str, str] | None = None) -> Iterator[Run]:
+        client = self._client()
+        experiment = client.get_experiment_by_name(self.experiment)
+        experiment_id = (
+            experiment.experiment_id
+            if experiment is not None
+            else client.create_experiment(self.experiment)
+        )
+        run_tags = {"mlflow.runName": name, "ctrctl.step": name, **(tags or {})}
+        parent = os.environ.get(PARENT_RUN_ENV)
+        if parent:
+            run_tags["mlflow.parentRunId"] = parent
+        mlrun = client.create_run(experiment_id, tags=run_tags, run_name=name)
+        run = MlflowRun(client, mlrun.info.run_id)
+        status = "FAILED"
+        try:
+            yield run
+            status = "FINISHED"
+        finally:
+            client.set_terminated(run.run_id, status=status)
+
+
+def make_tracker(
+    enabled: bool = True,
+    tracking_uri: str | None = None,
+    experiment: str = DEFAULT_EXPERIMENT,
+) -> Tracker:
+    """The tracker a command uses: MLflow unless tracking is turned off."""
+    if not enabled:
+        return Tracker()
+    return MlflowTracker(tracking_uri=tracking_uri, experiment=experiment)

@@ -1,0 +1,28 @@
+"""Shared fixtures: the real data samples in ../shared/data (skipped when absent)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def shared_data(name: str) -> Path:
+    """A folder of ../shared/data, or skip the test when it is absent (e.g. outside CI)."""
+    path = SHARED_DATA / name
+    if not path.is_dir():
+        pytest.skip(f"{path} is absent: the licensed samples live only beside the project")
+    return path
+
+
+@pytest.fixture
+def criteo_8k() -> Path:
+    return shared_data("criteo-kaggle-8k")
+
+
+@pytest.fixture
+def avazu_9k() -> Path:
+    return shared_data("avazu-9k")
