@@ -1,0 +1,386 @@
+"""Pipeline configs: a YAML file, typed by pydantic, with ``key=value`` overrides, then frozen.
+
+A pipeline YAML has one section per step; every section and key is declared here, so a
+misspelt key is an error naming the key and the file (``extra="forbid"``), not a silently
+ignored setting. Overrides from the command line are dotted paths into the same tree and are
+type-checked the same way::
+
+    training.batch_size=1024  model.dense_arch=[64,32,16]  dense_optimizer.kind=adam
+
+Values of overrides are parsed as YAML scalars/lists (``1e-3``, ``true``, ``[1,2]``).
+
+Example:
+    >>> cfg = load_config("pipelines/default.yaml", ["training.epochs=2"])
+    >>> cfg.training.epochs
+    2
+    >>> cfg.model.embedding_dim
+    16
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ctrctl.errors import ConfigError
+
+__all__ = [
+    "DenseOptimizerConfig",
+    "EmbeddingOptimizerConfig",
+    "EvalConfig",
+    "ModelConfig",
+    "PipelineConfig",
+    "PlanConfig",
+    "PreprocessConfig",
+    "TrainingConfig",
+    "apply_overrides",
+    "load_config",
+    "parse_config",
+]
+
+
+class _Section(BaseModel):
+    """Base of every section: unknown keys are errors, and a validated config is frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---- model -------------------------------------------------------------------------------
+class ModelConfig(_Section):
+    """The DLRM: bottom (dense) MLP, embedding tables, interaction, top (over) MLP.
+
+    Attributes:
+        embedding_dim: width of every embedding table; the dense arch ends at this width so
+            the dense vector can interact with the embeddings.
+        dense_arch: layer sizes of the bottom MLP over the dense features.
+        over_arch: layer sizes of the top MLP; the last is 1 (the logit).
+        interaction: ``dot`` (pairwise dot products, DLRM) or ``dcn`` (DCNv2 cross layers).
+        dcn_layers: number of cross layers when ``interaction: dcn``.
+        dcn_rank: low-rank width of each cross layer's weight (0: full rank).
+    """
+
+    embedding_dim: int = Field(16, gt=0)
+    dense_arch: tuple[int, ...] = (64, 16)
+    over_arch: tuple[int, ...] = (64, 1)
+    interaction: Literal["dot", "dcn"] = "dot"
+    dcn_layers: int = Field(2, ge=1)
+    dcn_rank: int = Field(16, ge=0)
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> ModelConfig:
+        if not self.dense_arch or any(size <= 0 for size in self.dense_arch):
+            raise ValueError("dense_arch must be a non-empty list of positive sizes")
+        if self.dense_arch[-1] != self.embedding_dim:
+            raise ValueError(
+                f"dense_arch must end at embedding_dim ({self.embedding_dim}) so the dense "
+                f"vector can interact with the embeddings, but ends at {self.dense_arch[-1]}"
+            )
+        if not self.over_arch or self.over_arch[-1] != 1:
+            raise ValueError("over_arch must end with 1 (the logit)")
+        return self
+
+
+# ---- optimizers --------------------------------------------------------------------------
+class EmbeddingOptimizerConfig(_Section):
+    """The optimizer fused into the embedding tables' backward pass.
+
+    Attributes:
+        kind: ``rowwise_adagrad`` (one accumulator per row), ``adagrad`` (one per element) or
+            ``sgd``; these are the ones FBGEMM's CPU kernels fuse.
+        lr: learning rate.
+        eps: added to the accumulator's square root (adagrad kinds).
+        weight_decay: L2 penalty added to the gradient.
+    """
+
+    kind: Literal["rowwise_adagrad", "adagrad", "sgd"] = "rowwise_adagrad"
+    lr: float = Field(0.05, gt=0)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+
+
+class DenseOptimizerConfig(_Section):
+    """The optimizer of the MLPs and interaction layers (a torch.optim optimizer).
+
+    Attributes:
+        kind: ``adagrad``, ``adam`` or ``sgd``.
+        lr: learning rate.
+        eps: numerical epsilon (adagrad, adam).
+        weight_decay: L2 penalty.
+        momentum: SGD momentum (ignored by the others).
+    """
+
+    kind: Literal["adagrad", "adam", "sgd"] = "adagrad"
+    lr: float = Field(0.01, gt=0)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    momentum: float = Field(0.0, ge=0)
+
+
+# ---- training ----------------------------------------------------------------------------
+class TrainingConfig(_Section):
+    """The train loop.
+
+    Attributes:
+        batch_size: the global batch: over W ranks each rank takes ``batch_size / W`` rows
+            per step, so it must divide evenly.
+        epochs: passes over the training split (ignored when ``max_steps`` is set).
+        max_steps: stop after this many steps, crossing epochs as needed.
+        val_every: validate every N steps (0: only at the end).
+        checkpoint_every: write a checkpoint every N steps (0: only at the end).
+        log_every: log metrics (MLflow, progress) every N steps.
+        seed: seeds parameter initialisation, shuffling and every RNG.
+        num_workers: loader threads reading Parquet row groups.
+        shuffle_buffer: rows shuffled together (whole row groups are gathered up to this).
+        drop_last: drop the last partial batch of an epoch.
+        device: ``auto`` (cuda when present), ``cpu`` or ``cuda``.
+        bf16: run the dense MLPs under bfloat16 autocast.
+        val_split: the split validated on.
+        val_max_rows: cap on validation rows (None: the whole split).
+    """
+
+    batch_size: int = Field(4096, gt=0)
+    epochs: int = Field(1, ge=1)
+    max_steps: int | None = Field(None, ge=1)
+    val_every: int = Field(0, ge=0)
+    checkpoint_every: int = Field(0, ge=0)
+    log_every: int = Field(50, ge=1)
+    seed: int = 0
+    num_workers: int = Field(2, ge=0)
+    shuffle_buffer: int = Field(262_144, ge=1)
+    drop_last: bool = False
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    bf16: bool = False
+    val_split: str = "val"
+    val_max_rows: int | None = Field(None, ge=1)
+
+
+# ---- sections of the other steps -----------------------------------------------------------
+class PreprocessConfig(_Section):
+    """``ctrctl preprocess`` settings a pipeline can carry.
+
+    Attributes:
+        schema_path: the feature schema YAML (``schemas/criteo.yaml``).
+        inputs: raw input files or globs.
+        out: the dataset folder written.
+    """
+
+    schema_path: str | None = None
+    inputs: tuple[str, ...] = ()
+    out: str | None = None
+
+
+class PlanConfig(_Section):
+    """``ctrctl plan`` settings a pipeline can carry.
+
+    Attributes:
+        world_size: ranks to plan for.
+        local_world_size: ranks per host (default: all on one host).
+        device: ``cpu`` or ``cuda`` topology.
+        sharding_types: allowed sharding types (empty: all).
+    """
+
+    world_size: int = Field(1, ge=1)
+    local_world_size: int | None = Field(None, ge=1)
+    device: Literal["cpu", "cuda"] = "cpu"
+    sharding_types: tuple[str, ...] = ()
+
+
+class EvalConfig(_Section):
+    """``ctrctl eval`` settings a pipeline can carry.
+
+    Attributes:
+        splits: splits to score.
+        batch_size: rows per scoring batch.
+        gates: metric -> bound (e.g. ``auc: 0.70``) that must hold.
+    """
+
+    splits: tuple[str, ...] = ("test",)
+    batch_size: int = Field(8192, gt=0)
+    gates: dict[str, float] = Field(default_factory=dict)
+
+
+# ---- the whole pipeline --------------------------------------------------------------------
+class PipelineConfig(_Section):
+    """One pipeline YAML: every section optional, defaults where absent.
+
+    Example:
+        >>> PipelineConfig.model_validate({"training": {"epochs": 3}}).training.epochs
+        3
+    """
+
+    name: str = "default"
+    description: str = ""
+    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
+    plan: PlanConfig = Field(default_factory=PlanConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    embedding_optimizer: EmbeddingOptimizerConfig = Field(
+        default_factory=EmbeddingOptimizerConfig
+    )
+    dense_optimizer: DenseOptimizerConfig = Field(default_factory=DenseOptimizerConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config as plain JSON-friendly data (what MLflow and checkpoints keep)."""
+        return self.model_dump(mode="json")
+
+
+# ---- loading -----------------------------------------------------------------------------
+def _key_line(text: str, loc: Sequence[Any]) -> int | None:
+    """The 1-based line of the key at ``loc`` in YAML ``text`` (None when not found)."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if key_node.value == str(part):
+                    line, node = key_node.start_mark.line + 1, value_node
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if part >= len(node.value):
+                return line
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def _raise_validation(exc: ValidationError, where: str, text: str | None) -> None:
+    """Turn pydantic's first error into a ConfigError naming the key, file and line."""
+    first = exc.errors()[0]
+    loc = [p for p in first["loc"] if p not in ("function-after",)]
+    key = ".".join(str(p) for p in loc) or "(top level)"
+    if first["type"] == "extra_forbidden":
+        message = f"unknown key {key!r}"
+        hint = "check the spelling; the keys are documented in ctrctl/config.py"
+    else:
+        message = f"{key}: {first['msg']}"
+        hint = None
+    line = _key_line(text, loc) if text is not None else None
+    raise ConfigError(message, where=f"{where}:{line}" if line else where, hint=hint) from None
+
+
+def parse_config(
+    data: Mapping[str, Any] | None, where: str = "config", text: str | None = None
+) -> PipelineConfig:
+    """Validate a config's data.
+
+    Args:
+        data: the parsed YAML (a mapping) or None for all defaults.
+        where: where it came from, for error messages.
+        text: the YAML source, to point errors at a line.
+
+    Raises:
+        ConfigError: naming the unknown or invalid key and where it is.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("a pipeline config must be a mapping of sections", where=where)
+    try:
+        return PipelineConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        _raise_validation(exc, where, text)
+        raise  # unreachable: _raise_validation always raises
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        return raw
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Set dotted ``key=value`` overrides into a copy of a config's data.
+
+    Args:
+        data: the config's data (as parsed from YAML).
+        overrides: ``section.key=value`` strings; values are parsed as YAML.
+
+    Returns:
+        The new data; it is validated by :func:`parse_config`, which names a bad key.
+
+    Raises:
+        ConfigError: when an override is not of the form ``key=value``.
+    """
+    result = copy.deepcopy(dict(data))
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(
+                f"override {item!r} is not of the form key=value",
+                where="command line",
+                hint="e.g. training.batch_size=1024",
+            )
+        parts = key.split(".")
+        node: dict[str, Any] = result
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {key!r}: {part!r} is not a section",
+                                  where="command line")
+            node = child
+        node[parts[-1]] = _parse_value(raw)
+    return result
+
+
+def load_config(
+    path: str | Path | None = None, overrides: Sequence[str] = ()
+) -> PipelineConfig:
+    """Load a pipeline YAML, apply overrides, validate, and return the frozen config.
+
+    Args:
+        path: the YAML file; None for the built-in defaults.
+        overrides: dotted ``key=value`` strings that win over the file.
+
+    Raises:
+        ConfigError: for a missing or unreadable file, invalid YAML, an unknown key or a
+            value of the wrong type, naming the key and the file (or the command line).
+
+    Example:
+        >>> load_config(None, ["training.seed=3"]).training.seed
+        3
+    """
+    text: str | None = None
+    where = "defaults"
+    data: Any = {}
+    if path is not None:
+        path = Path(path)
+        where = str(path)
+        if not path.is_file():
+            raise ConfigError("config file not found", where=where,
+                              hint="pass an existing pipelines/*.yaml")
+        text = path.read_text()
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"invalid YAML: {exc}", where=where) from None
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError("a pipeline config must be a mapping of sections", where=where)
+    if overrides:
+        merged = apply_overrides(data, overrides)
+        # Validate the file alone first so an error in it points at its line.
+        parse_config(data, where=where, text=text)
+        try:
+            return PipelineConfig.model_validate(merged)
+        except ValidationError as exc:
+            _raise_validation(exc, f"{where} + overrides ({' '.join(overrides)})", None)
+            raise
+    return parse_config(data, where=where, text=text)

@@ -1,0 +1,102 @@
+"""Pipeline configs: every shipped YAML validates; unknown keys and bad overrides are errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ctrctl.config import PipelineConfig, apply_overrides, load_config
+from ctrctl.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+PIPELINES = sorted((ROOT / "pipelines").glob("*.yaml"))
+
+
+def test_pipelines_exist() -> None:
+    assert any(p.name == "default.yaml" for p in PIPELINES)
+
+
+@pytest.mark.parametrize("path", PIPELINES, ids=lambda p: p.name)
+def test_every_shipped_pipeline_loads(path: Path) -> None:
+    cfg = load_config(path)
+    assert isinstance(cfg, PipelineConfig)
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("#") and "ctrctl " in first, "a pipeline opens with its command"
+
+
+def test_defaults_without_a_file() -> None:
+    cfg = load_config(None)
+    assert cfg.model.dense_arch[-1] == cfg.model.embedding_dim
+    assert cfg.training.batch_size > 0
+
+
+def test_overrides_are_typed_and_win(tmp_path: Path) -> None:
+    cfg = load_config(ROOT / "pipelines" / "default.yaml", [
+        "training.batch_size=1024", "dense_optimizer.kind=adam", "dense_optimizer.lr=1e-3",
+        "model.embedding_dim=8", "model.dense_arch=[32,8]", "training.max_steps=7",
+    ])
+    assert cfg.training.batch_size == 1024
+    assert cfg.dense_optimizer.kind == "adam"
+    assert cfg.dense_optimizer.lr == pytest.approx(1e-3)
+    assert cfg.model.dense_arch == (32, 8)
+    assert cfg.training.max_steps == 7
+
+
+def test_config_is_frozen() -> None:
+    cfg = load_config(None)
+    with pytest.raises(Exception):  # noqa: B017 - pydantic raises ValidationError
+        cfg.training.epochs = 5  # type: ignore[misc]
+
+
+def test_unknown_key_in_file_names_key_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("model:\n  embedding_dim: 16\ntraining:\n  epochs: 2\n  batch_sise: 64\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    text = str(info.value)
+    assert "training.batch_sise" in text
+    assert f"{path}:5" in text
+
+
+def test_unknown_section(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("trainig:\n  epochs: 2\n")
+    with pytest.raises(ConfigError, match="unknown key 'trainig'"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("training.batch_sise=3", "training.batch_sise"),
+    ("training.batch_size=abc", "training.batch_size"),
+    ("training.batch_size=-4", "training.batch_size"),
+    ("model.interaction=attention", "model.interaction"),
+    ("training", "key=value"),
+    ("model.embedding_dim=8", "dense_arch must end at embedding_dim"),
+])
+def test_bad_overrides(override: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(ROOT / "pipelines" / "default.yaml", [override])
+    assert needle in str(info.value)
+
+
+def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [1, 2\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(bad)
+
+
+def test_apply_overrides_does_not_touch_input() -> None:
+    data = {"training": {"epochs": 1}}
+    out = apply_overrides(data, ["training.epochs=3", "model.embedding_dim=4"])
+    assert data == {"training": {"epochs": 1}}
+    assert out == {"training": {"epochs": 3}, "model": {"embedding_dim": 4}}
+
+
+def test_round_trip_through_dict() -> None:
+    cfg = load_config(ROOT / "pipelines" / "dcn.yaml")
+    again = PipelineConfig.model_validate(cfg.to_dict())
+    assert again == cfg
