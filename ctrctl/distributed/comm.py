@@ -1,0 +1,447 @@
+"""Collectives for sharded embeddings, with timeouts, autograd and failures that name a rank.
+
+Three kinds of exchange move data between the ranks of a sharded model:
+
+* the **jagged all-to-all** of the input distribution (:func:`jagged_all_to_all`): each rank
+  sends every other rank some bags (lengths) and their ids (values), unequal in size, so it
+  runs as ``all_to_all_single`` with split sizes (gloo's list ``all_to_all`` refuses unequal
+  tensors): first the split sizes, then lengths and values together;
+* the **pooled all-to-all** of the output distribution (:func:`pooled_all_to_all`): the pooled
+  embeddings a rank computed for every source rank's samples go back to their source; its
+  backward is the reverse all-to-all of the gradients;
+* the **reduce-scatter** of row-wise partial sums (:func:`reduce_scatter_rows`), whose backward
+  is an all-gather.
+
+Every collective runs inside :func:`collective`, which turns a gloo/NCCL failure (a timeout, a
+peer that closed its connection) into a :class:`~ctrctl.errors.DistributedError` that names
+the rank(s) at fault. A rank that fails on its own (an exception in its code) says so through
+:func:`fail_fast`: it writes its rank and message to the rendezvous store before it exits, so
+the others report *that* rank rather than a bare timeout.
+
+Example:
+    >>> with fail_fast():                      # in each rank's training code
+    ...     out = pooled_all_to_all(emb, batch_sizes, widths)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ctrctl.errors import CtrctlError, DistributedError
+
+logger = logging.getLogger(__name__)
+
+#: Default timeout of every process group ctrctl creates.
+DEFAULT_TIMEOUT = timedelta(seconds=300)
+#: How long survivors of a failed collective wait for each other to learn who is missing.
+ROLL_CALL_S = 5.0
+_FAILED_KEY = "ctrctl/failed/"
+_ALIVE_KEY = "ctrctl/alive/"
+
+ProcessGroup = Any  # torch.distributed.ProcessGroup; Any keeps mypy quiet across versions
+
+
+# ---- process groups --------------------------------------------------------------------------
+def default_backend(device: torch.device | str | None = None) -> str:
+    """``nccl`` for a CUDA device, ``gloo`` otherwise."""
+    kind = torch.device(device).type if device is not None else "cpu"
+    return "nccl" if kind == "cuda" else "gloo"
+
+
+def init_process_group(
+    backend: str | None = None,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+    device: torch.device | str | None = None,
+) -> ProcessGroup:
+    """Initialise the default process group from torchrun's environment, with a timeout.
+
+    Args:
+        backend: ``gloo`` or ``nccl``; default from ``device``.
+        timeout: every collective on the group fails after this long instead of hanging.
+        device: the device this rank computes on.
+
+    Returns:
+        The default process group (already initialised groups are returned as they are).
+
+    Example:
+        >>> pg = init_process_group(timeout=timedelta(seconds=60))
+    """
+    if dist.is_initialized():
+        return dist.group.WORLD
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        if name not in os.environ:
+            raise DistributedError(
+                f"environment variable {name} is not set",
+                where="init_process_group",
+                hint="start the ranks with torchrun (ctrctl train --nproc-per-node N)",
+            )
+    dist.init_process_group(backend or default_backend(device), timeout=timeout)
+    return dist.group.WORLD
+
+
+def new_group(ranks: Sequence[int], timeout: timedelta = DEFAULT_TIMEOUT) -> ProcessGroup:
+    """A sub-group (e.g. the ranks of one host) with a timeout. Every rank must call it."""
+    return dist.new_group(list(ranks), timeout=timeout)
+
+
+# ---- failures --------------------------------------------------------------------------------
+def _store() -> Any | None:
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return _get_default_store()
+    except Exception:  # no default group, or a torch without the helper
+        return None
+
+
+def mark_failed(message: str, rank: int | None = None) -> None:
+    """Record in the rendezvous store that this rank failed, so that others can name it."""
+    store = _store()
+    if store is None:
+        return
+    rank = dist.get_rank() if rank is None else rank
+    try:
+        store.set(f"{_FAILED_KEY}{rank}", message[:500])
+    except Exception:  # the store may be gone too; nothing more to do
+        logger.debug("could not record the failure of rank %d", rank)
+
+
+def failed_ranks() -> dict[int, str]:
+    """Ranks that recorded a failure with :func:`mark_failed`, and their messages."""
+    store = _store()
+    if store is None or not dist.is_initialized():
+        return {}
+    found = {}
+    for rank in range(dist.get_world_size()):
+        key = f"{_FAILED_KEY}{rank}"
+        try:
+            if store.check([key]):
+                found[rank] = store.get(key).decode(errors="replace")
+        except Exception:
+            break
+    return found
+
+
+def _roll_call(wait_s: float) -> tuple[list[int] | None, str]:
+    """Survivors mark themselves alive and wait briefly for each other; who is missing?
+
+    Returns (missing ranks or None when the store is unreachable, a note).
+    """
+    store = _store()
+    if store is None:
+        return None, "no rendezvous store to ask"
+    world, me = dist.get_world_size(), dist.get_rank()
+    try:
+        store.set(f"{_ALIVE_KEY}{me}", "1")
+        deadline = time.monotonic() + wait_s
+        while True:
+            missing = [r for r in range(world) if not store.check([f"{_ALIVE_KEY}{r}"])]
+            if not missing or time.monotonic() > deadline:
+                return missing, ""
+            time.sleep(0.05)
+    except Exception as exc:  # the store lives in one process (rank 0 or torchrun's agent)
+        return None, f"the rendezvous store is unreachable ({type(exc).__name__}); " \
+                     "rank 0 or the launcher hosting it has probably died"
+
+
+def diagnose(exc: BaseException, what: str) -> DistributedError:
+    """Turn a failed collective into a :class:`DistributedError` naming the rank(s) at fault."""
+    if isinstance(exc, DistributedError):
+        return exc
+    me = dist.get_rank() if dist.is_initialized() else -1
+    reported = failed_ranks()
+    if reported:
+        who = "; ".join(f"rank {r} failed: {m}" for r, m in sorted(reported.items()))
+        return DistributedError(f"{what} stopped because another rank failed ({who})",
+                                where=f"rank {me}",
+                                hint="fix the failing rank; the others stopped with it")
+    missing, note = _roll_call(ROLL_CALL_S)
+    reported = failed_ranks()  # a rank may have written its reason during the roll call
+    if reported:
+        who = "; ".join(f"rank {r} failed: {m}" for r, m in sorted(reported.items()))
+        return DistributedError(f"{what} stopped because another rank failed ({who})",
+                                where=f"rank {me}")
+    if missing:
+        ranks = ", ".join(str(r) for r in missing)
+        return DistributedError(
+            f"{what} failed: rank(s) {ranks} did not arrive (killed, crashed or hung) "
+            f"[{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}]",
+            where=f"rank {me}",
+            hint="look at the log of the rank(s) named; the others stopped instead of hanging")
+    detail = note or "every rank is alive; the collective itself failed"
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return DistributedError(f"{what} failed: {first} ({detail})", where=f"rank {me}")
+
+
+@contextlib.contextmanager
+def collective(what: str) -> Iterator[None]:
+    """Run collectives; a failure becomes a :class:`DistributedError` naming the rank at fault."""
+    try:
+        yield
+    except DistributedError:
+        raise
+    except (RuntimeError, OSError, ValueError) as exc:
+        # gloo reports timeouts and closed peers as RuntimeError (DistBackendError in newer
+        # torch, a subclass): anything else raised here is a bug and passes through.
+        if not dist.is_initialized():
+            raise
+        raise diagnose(exc, what) from exc
+
+
+@contextlib.contextmanager
+def fail_fast() -> Iterator[None]:
+    """Wrap a rank's work: an exception raised here is written to the store before it leaves.
+
+    The other ranks, stuck in (or failing) their next collective, then name this rank and its
+    error instead of reporting a bare timeout. Failures that came from other ranks
+    (:class:`DistributedError`) are not recorded again.
+
+    Example:
+        >>> with fail_fast():
+        ...     train_one_epoch(model, batches)
+    """
+    try:
+        yield
+    except DistributedError:
+        raise
+    except BaseException as exc:
+        if dist.is_initialized():
+            text = exc.render() if isinstance(exc, CtrctlError) else f"{type(exc).__name__}: {exc}"
+            mark_failed(text)
+        raise
+
+
+# ---- jagged all-to-all (input distribution) --------------------------------------------------
+@dataclass
+class JaggedExchange:
+    """What a rank received in a jagged all-to-all, per source rank.
+
+    Attributes:
+        lengths: the bag lengths from every source, concatenated in source order.
+        values: the ids from every source, concatenated in source order.
+        weights: per-id weights, when sent.
+        lengths_per_source: how many lengths each source sent.
+        values_per_source: how many values each source sent.
+        batch_per_source: each source's local batch size.
+    """
+
+    lengths: torch.Tensor
+    values: torch.Tensor
+    weights: torch.Tensor | None
+    lengths_per_source: list[int]
+    values_per_source: list[int]
+    batch_per_source: list[int]
+
+
+def jagged_all_to_all(
+    lengths: Sequence[torch.Tensor],
+    values: Sequence[torch.Tensor],
+    weights: Sequence[torch.Tensor] | None,
+    batch_size: int,
+    group: ProcessGroup | None = None,
+) -> JaggedExchange:
+    """Send ``lengths[r]``/``values[r]`` (and ``weights[r]``) to rank ``r``; receive the same.
+
+    Step one exchanges the split sizes (and each rank's batch size) as a small
+    ``all_to_all_single``; step two sends lengths and values (and weights) at once, each an
+    ``all_to_all_single`` with those split sizes.
+
+    Args:
+        lengths: one 1-D integer tensor per destination rank.
+        values: one 1-D id tensor per destination rank.
+        weights: one 1-D float tensor per destination rank, or None.
+        batch_size: this rank's local batch size (sent along so receivers know every B).
+        group: the process group (default: the world).
+
+    Returns:
+        A :class:`JaggedExchange` with what every source sent here.
+    """
+    world = dist.get_world_size(group)
+    if len(lengths) != world or len(values) != world:
+        raise DistributedError(f"jagged_all_to_all needs one tensor per rank ({world})",
+                               where="jagged_all_to_all")
+    send_sizes = torch.tensor([[t.numel(), v.numel(), batch_size]
+                               for t, v in zip(lengths, values, strict=True)], dtype=torch.int64)
+    recv_sizes = torch.empty_like(send_sizes)
+    with collective("input distribution (split sizes)"):
+        dist.all_to_all_single(recv_sizes, send_sizes, group=group)
+    in_len, in_val = send_sizes[:, 0].tolist(), send_sizes[:, 1].tolist()
+    out_len, out_val = recv_sizes[:, 0].tolist(), recv_sizes[:, 1].tolist()
+    send_lengths = torch.cat(list(lengths))
+    send_values = torch.cat(list(values))
+    recv_lengths = send_lengths.new_empty(sum(out_len))
+    recv_values = send_values.new_empty(sum(out_val))
+    recv_weights = None
+    with collective("input distribution (lengths and values)"):
+        works = [
+            dist.all_to_all_single(recv_lengths, send_lengths, out_len, in_len, group=group,
+                                   async_op=True),
+            dist.all_to_all_single(recv_values, send_values, out_val, in_val, group=group,
+                                   async_op=True),
+        ]
+        if weights is not None:
+            send_weights = torch.cat(list(weights))
+            recv_weights = send_weights.new_empty(sum(out_val))
+            works.append(dist.all_to_all_single(recv_weights, send_weights, out_val, in_val,
+                                                group=group, async_op=True))
+        for work in works:
+            work.wait()
+    return JaggedExchange(recv_lengths, recv_values, recv_weights, out_len, out_val,
+                          recv_sizes[:, 2].tolist())
+
+
+# ---- pooled all-to-all (output distribution) -------------------------------------------------
+class _PooledAllToAll(torch.autograd.Function):
+    """Forward: rows of each source go home. Backward: their gradients come back."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, local: torch.Tensor, batch_per_rank: list[int], width_per_rank: list[int],
+        group: ProcessGroup | None, grad_scale: float,
+    ) -> torch.Tensor:
+        me = dist.get_rank(group)
+        width = local.size(1)
+        in_splits = [b * width for b in batch_per_rank]
+        out_splits = [batch_per_rank[me] * w for w in width_per_rank]
+        flat = local.contiguous().view(-1)
+        out = flat.new_empty(sum(out_splits))
+        with collective("output distribution (pooled all-to-all)"):
+            dist.all_to_all_single(out, flat, out_splits, in_splits, group=group)
+        ctx.save_for_backward()
+        ctx.meta = (in_splits, out_splits, local.shape, group, grad_scale, batch_per_rank[me],
+                    width_per_rank)
+        blocks = out.split(out_splits)
+        # (B_me, W_r) from each rank r, side by side: (B_me, sum_r W_r)
+        return torch.cat([b.view(batch_per_rank[me], w)
+                          for b, w in zip(blocks, width_per_rank, strict=True)], dim=1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        in_splits, out_splits, shape, group, grad_scale, _, widths = ctx.meta
+        parts = grad.split(widths, dim=1)
+        send = torch.cat([p.contiguous().view(-1) for p in parts])
+        recv = send.new_empty(sum(in_splits))
+        with collective("backward of the output distribution (pooled all-to-all)"):
+            dist.all_to_all_single(recv, send, in_splits, out_splits, group=group)
+        recv = recv.view(shape)
+        if grad_scale != 1.0:
+            recv = recv * grad_scale
+        return recv, None, None, None, None
+
+
+def pooled_all_to_all(
+    local: torch.Tensor,
+    batch_per_rank: Sequence[int],
+    width_per_rank: Sequence[int],
+    group: ProcessGroup | None = None,
+    grad_scale: float = 1.0,
+) -> torch.Tensor:
+    """Return each source rank its rows of the pooled embeddings computed here.
+
+    Args:
+        local: (sum of all ranks' batches, W_me): rows grouped by source rank, in rank order.
+        batch_per_rank: every rank's local batch size.
+        width_per_rank: every rank's W (the width of its ``local``).
+        group: the process group.
+        grad_scale: factor applied to the gradient on its way back (1 / world size for
+            gradient division, see :class:`~ctrctl.distributed.embeddingbag.ShardedEmbeddingBagCollection`).
+
+    Returns:
+        (B_me, sum of W over ranks): the blocks of every rank side by side, in rank order.
+    """
+    return _PooledAllToAll.apply(local, list(batch_per_rank), list(width_per_rank), group,
+                                 grad_scale)
+
+
+# ---- reduce-scatter (row-wise output distribution) -------------------------------------------
+class _ReduceScatterRows(torch.autograd.Function):
+    """Forward: sum partials over ranks, keep my rows. Backward: all-gather the gradients."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, partial: torch.Tensor, batch_per_rank: list[int], group: ProcessGroup | None,
+        grad_scale: float,
+    ) -> torch.Tensor:
+        me = dist.get_rank(group)
+        ctx.meta = (batch_per_rank, group, grad_scale)
+        partial = partial.contiguous()
+        if len(set(batch_per_rank)) == 1:
+            out = partial.new_empty(batch_per_rank[me], partial.size(1))
+            with collective("output distribution (reduce-scatter)"):
+                dist.reduce_scatter_tensor(out, partial, group=group)
+            return out
+        # Unequal batches: the same sum as an all-to-all of rows plus a local sum.
+        width = partial.size(1)
+        in_splits = [b * width for b in batch_per_rank]
+        world = len(batch_per_rank)
+        out = partial.new_empty(world * batch_per_rank[me] * width)
+        with collective("output distribution (reduce-scatter)"):
+            dist.all_to_all_single(out, partial.view(-1), [in_splits[me]] * world, in_splits,
+                                   group=group)
+        return out.view(world, batch_per_rank[me], width).sum(dim=0)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        batch_per_rank, group, grad_scale = ctx.meta
+        grad = grad.contiguous()
+        width = grad.size(1)
+        if len(set(batch_per_rank)) == 1:
+            full = grad.new_empty(sum(batch_per_rank), width)
+            with collective("backward of the output distribution (all-gather)"):
+                dist.all_gather_into_tensor(full, grad, group=group)
+        else:
+            me = dist.get_rank(group)
+            world = len(batch_per_rank)
+            out_splits = [b * width for b in batch_per_rank]
+            flat = grad.view(-1).repeat(world)
+            full = grad.new_empty(sum(out_splits))
+            with collective("backward of the output distribution (all-gather)"):
+                dist.all_to_all_single(full, flat, out_splits, [out_splits[me]] * world,
+                                       group=group)
+            full = full.view(-1, width)
+        if grad_scale != 1.0:
+            full = full * grad_scale
+        return full, None, None, None
+
+
+def reduce_scatter_rows(
+    partial: torch.Tensor,
+    batch_per_rank: Sequence[int],
+    group: ProcessGroup | None = None,
+    grad_scale: float = 1.0,
+) -> torch.Tensor:
+    """Sum (sum of batches, D) partials over ranks; each rank keeps its own rows (B_me, D).
+
+    Equal batches use ``reduce_scatter_tensor`` (backward: ``all_gather_into_tensor``);
+    unequal ones the same sum through an all-to-all.
+    """
+    return _ReduceScatterRows.apply(partial, list(batch_per_rank), group, grad_scale)
+
+
+def all_gather_sizes(value: int, group: ProcessGroup | None = None) -> list[int]:
+    """Every rank's integer ``value`` (e.g. its local batch size)."""
+    world = dist.get_world_size(group)
+    out = torch.zeros(world, dtype=torch.int64)
+    with collective("all-gather of sizes"):
+        dist.all_gather_into_tensor(out, torch.tensor([value], dtype=torch.int64), group=group)
+    return out.tolist()
+
+
+def all_reduce_(tensor: torch.Tensor, group: ProcessGroup | None = None,
+                average: bool = False) -> torch.Tensor:
+    """In-place all-reduce (sum, or mean with ``average``) inside :func:`collective`."""
+    with collective("all-reduce"):
+        dist.all_reduce(tensor, group=group)
+    if average:
+        tensor.div_(dist.get_world_size(group))
+    return tensor
