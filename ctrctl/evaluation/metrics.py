@@ -207,8 +207,10 @@ def normalized_entropy_from(logloss_value: float, base_rate: float) -> float:
     """NE = logloss / entropy of the base rate: below 1 means better than the base rate."""
     entropy = binary_entropy(base_rate)
     if entropy == 0.0:
+        only = "positive" if base_rate >= 1.0 else "negative"
         raise MetricError(
-            f"normalized entropy is undefined: the label rate is {base_rate:g} (one class only)",
+            f"normalized entropy is undefined: the label rate is {base_rate:g} "
+            f"(every row is {only})",
             hint="evaluate on a split that has both clicks and non-clicks",
         )
     return logloss_value / entropy

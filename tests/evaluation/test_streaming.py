@@ -1,0 +1,138 @@
+"""Streaming (histogram) metrics against the exact ones, and the exact merge across ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import average_precision_score, log_loss, roc_auc_score
+
+from ctrctl.evaluation.metrics import roc_auc
+from ctrctl.evaluation.streaming import MetricAccumulator, ScoreHistogram
+from ctrctl.testing.multiprocess import run_multiprocess
+
+
+def synthetic(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """CTR-like predictions: ~4% clicks, informative but imperfect float32 scores."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=n).astype(np.float32)
+    labels = (rng.random(n, dtype=np.float32) < 1 / (1 + np.exp(-(1.2 * x - 3.6)))).astype(np.int8)
+    scores = (1 / (1 + np.exp(-(x - 3.4)))).astype(np.float32)
+    return labels, scores
+
+
+def feed(acc: MetricAccumulator, labels: np.ndarray, scores: np.ndarray,
+         weights: np.ndarray | None = None, batch: int = 65_536) -> MetricAccumulator:
+    for start in range(0, labels.size, batch):
+        stop = start + batch
+        acc.update(labels[start:stop], scores[start:stop],
+                   None if weights is None else weights[start:stop])
+    return acc
+
+
+def test_binned_matches_exact_within_its_bound_on_1m() -> None:
+    labels, scores = synthetic(1_000_000)
+    exact = feed(MetricAccumulator(), labels, scores).compute()
+    binned = feed(MetricAccumulator(exact_limit=0), labels, scores).compute()
+    assert exact.auc_mode == "exact" and exact.auc_bound == 0.0
+    assert binned.auc_mode == "binned"
+    reference = roc_auc_score(labels, scores.astype(np.float64))
+    assert exact.auc == pytest.approx(reference, abs=1e-6)
+    assert binned.auc_bound is not None and 0 < binned.auc_bound < 1e-4
+    assert abs(binned.auc - reference) <= binned.auc_bound
+    # the sums are exact in both modes
+    assert binned.logloss == pytest.approx(log_loss(labels, scores.astype(np.float64)), abs=1e-6)
+    assert binned.calibration == pytest.approx(exact.calibration, rel=1e-9)
+    assert binned.pr_auc == pytest.approx(
+        average_precision_score(labels, scores.astype(np.float64)), abs=1e-3
+    )
+    assert binned.ece == pytest.approx(exact.ece, abs=1e-3)
+
+
+@pytest.mark.parametrize("num_bins", [64, 1024, 1 << 14])
+def test_bound_holds_when_bins_are_coarse(num_bins: int) -> None:
+    labels, scores = synthetic(200_000, seed=1)
+    reference = roc_auc_score(labels, scores.astype(np.float64))
+    m = feed(MetricAccumulator(num_bins=num_bins, exact_limit=0), labels, scores).compute()
+    error = abs(m.auc - reference)
+    assert error <= m.auc_bound
+    if num_bins == 64:
+        assert error > 1e-4  # coarse bins really do lose information: the test can fail
+
+
+def test_ties_in_one_bin_are_exact() -> None:
+    # every score is one of 5 values: ties only, so the histogram loses nothing
+    rng = np.random.default_rng(2)
+    scores = rng.choice([0.01, 0.02, 0.05, 0.2, 0.6], size=50_000)
+    labels = (rng.random(scores.size) < scores).astype(np.int8)
+    m = feed(MetricAccumulator(exact_limit=0), labels, scores).compute()
+    assert m.auc == pytest.approx(roc_auc_score(labels, scores), abs=1e-6)
+    assert m.pr_auc == pytest.approx(average_precision_score(labels, scores), abs=1e-6)
+
+
+def test_weighted_streaming_matches_sklearn() -> None:
+    labels, scores = synthetic(100_000, seed=3)
+    weights = np.random.default_rng(4).exponential(size=labels.size)
+    s64 = scores.astype(np.float64)
+    for limit in (10**7, 0):
+        m = feed(MetricAccumulator(exact_limit=limit), labels, scores, weights).compute()
+        reference = roc_auc_score(labels, s64, sample_weight=weights)
+        assert abs(m.auc - reference) <= max(m.auc_bound, 1e-6)
+        assert m.logloss == pytest.approx(log_loss(labels, s64, sample_weight=weights), abs=1e-6)
+
+
+def test_switches_to_binned_past_the_limit_and_reports_it() -> None:
+    labels, scores = synthetic(30_000, seed=5)
+    acc = feed(MetricAccumulator(exact_limit=20_000), labels, scores, batch=5_000)
+    assert not acc.holds_rows
+    m = acc.compute()
+    assert m.auc_mode == "binned" and m.rows == 30_000
+
+
+def test_one_class_gives_none_with_a_reason_not_nan() -> None:
+    m = feed(MetricAccumulator(), np.zeros(100, np.int8), np.full(100, 0.1)).compute()
+    assert m.auc is None and m.ne is None and m.calibration is None
+    assert "every row is negative" in m.undefined["auc"]
+    assert m.logloss == pytest.approx(-np.log(0.9))
+
+
+def test_histogram_bins_are_monotone_in_the_score() -> None:
+    hist = ScoreHistogram(1 << 20)
+    scores = np.sort(np.concatenate([[0.0, 1.0, 1e-12, 1 - 1e-12],
+                                     np.random.default_rng(6).random(100_000)]))
+    index = hist.bin_index(scores)
+    assert (np.diff(index) >= 0).all()
+    assert index[0] == 0 and index[-1] == hist.num_bins - 1
+
+
+def _rank_body(rank: int, world_size: int, exact_limit: int) -> dict[str, float]:
+    labels, scores = synthetic(90_000, seed=7)
+    # an uneven split: rank r gets a slice of its own size
+    cuts = np.linspace(0, labels.size, world_size + 1).astype(int)
+    cuts[1] += 1234
+    mine = slice(cuts[rank], cuts[rank + 1])
+    acc = feed(MetricAccumulator(exact_limit=exact_limit), labels[mine], scores[mine], batch=7_000)
+    acc.sync()
+    m = acc.compute()
+    return {k: v for k, v in m.scalars().items() if isinstance(v, (int, float))} | {
+        "mode": m.auc_mode
+    }
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("world_size", "exact_limit"), [(2, 10**7), (3, 0)])
+def test_ranks_combine_exactly(world_size: int, exact_limit: int) -> None:
+    per_rank = run_multiprocess(_rank_body, world_size, args=(exact_limit,))
+    labels, scores = synthetic(90_000, seed=7)
+    single = feed(MetricAccumulator(exact_limit=exact_limit), labels, scores).compute()
+    expected = {k: v for k, v in single.scalars().items() if isinstance(v, (int, float))}
+    for result in per_rank:
+        assert result["mode"] == single.auc_mode
+        for key, value in expected.items():
+            torch.testing.assert_close(
+                torch.tensor(result[key], dtype=torch.float64),
+                torch.tensor(value, dtype=torch.float64),
+                msg=f"{key} differs",
+            )
+    assert roc_auc(labels, scores) == pytest.approx(per_rank[0]["auc"], abs=max(
+        per_rank[0]["auc_bound"], 1e-9))
