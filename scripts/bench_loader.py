@@ -1,0 +1,126 @@
+"""Loader throughput: Parquet -> ready (dense, KeyedJaggedTensor, labels) batches.
+
+Criteo shape: 13 dense, 26 one-hot sparse features, batch 4096, row groups of 64k rows. Each
+run measures in the same process, as medians over repeats of one epoch:
+
+* ``ctrctl``: :class:`ctrctl.data.dataset.BatchLoader`, shuffled, with its reader threads;
+* ``pyarrow-iter``: the straightforward reference: ``ParquetFile.iter_batches`` then a
+  per-batch conversion to torch tensors and a KeyedJaggedTensor (no shuffling, one thread);
+* ``in-memory``: the ceiling: the whole split already in numpy, batches only sliced.
+
+Usage:
+    python scripts/bench_loader.py [--quick] [--rows 1000000] [--out bench-out/loader.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from ctrctl.data.dataset import BatchLoader
+from ctrctl.sparse import KeyedJaggedTensor
+from ctrctl.testing.datasets import make_dataset
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small, fast variant")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="training rows")
+    parser.add_argument("--batch-size", type=int, default=4096)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("bench-out/loader.json"))
+    return parser.parse_args(argv)
+
+
+def _time_epochs(make_iter, repeats: int) -> list[float]:  # type: ignore[no-untyped-def]
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        rows = 0
+        for batch in make_iter():
+            rows += int(batch[2].shape[0]) if isinstance(batch, tuple) else batch.batch_size
+        rates.append(rows / (time.perf_counter() - start))
+    return rates
+
+
+def _pyarrow_iter(files: list[Path], dense: list[str], sparse: list[str], batch_size: int):  # type: ignore[no-untyped-def]
+    for path in files:
+        for rb in pq.ParquetFile(path).iter_batches(batch_size=batch_size):
+            d = torch.stack([torch.from_numpy(rb.column(n).to_numpy()) for n in dense], dim=1)
+            ids = torch.cat([torch.from_numpy(rb.column(n).to_numpy()) for n in sparse])
+            kjt = KeyedJaggedTensor(sparse, ids, lengths=torch.ones(ids.numel(), dtype=torch.int32))
+            yield d, kjt, torch.from_numpy(rb.column("label").to_numpy().astype(np.float32))
+
+
+def _in_memory(files: list[Path], dense: list[str], sparse: list[str], batch_size: int):  # type: ignore[no-untyped-def]
+    table = pq.read_table(files[0]) if len(files) == 1 else None
+    assert table is not None
+    d = np.stack([table.column(n).to_numpy() for n in dense], axis=1)
+    ids = np.stack([table.column(n).to_numpy() for n in sparse])  # (F, N)
+    labels = table.column("label").to_numpy().astype(np.float32)
+
+    def run():  # type: ignore[no-untyped-def]
+        for s in range(0, labels.shape[0], batch_size):
+            e = min(s + batch_size, labels.shape[0])
+            values = torch.from_numpy(np.ascontiguousarray(ids[:, s:e]).reshape(-1))
+            kjt = KeyedJaggedTensor(sparse, values,
+                                    lengths=torch.ones(values.numel(), dtype=torch.int32))
+            yield torch.from_numpy(d[s:e]), kjt, torch.from_numpy(labels[s:e])
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rows = 200_000 if args.quick else args.rows
+    repeats = 3 if args.quick else args.repeats
+    torch.set_num_threads(2)
+    with tempfile.TemporaryDirectory() as tmp:
+        info = make_dataset(Path(tmp) / "ds", {"train": rows, "val": 1}, num_sparse=26,
+                            num_dense=13, num_embeddings=100_000, row_group_size=65_536)
+        m = info.manifest
+        files = [info.path / f for f in m.split("train").files]
+        loader = BatchLoader(info.path, "train", args.batch_size, shuffle=True, seed=0,
+                             num_workers=args.workers, shuffle_buffer=262_144)
+        ours = _time_epochs(lambda: loader.epoch(0), repeats)
+        ref = _time_epochs(
+            lambda: _pyarrow_iter(files, m.dense_names, m.sparse_names, args.batch_size),
+            repeats)
+        ceiling = _time_epochs(_in_memory(files, m.dense_names, m.sparse_names,
+                                          args.batch_size), repeats)
+    results = {
+        "rows": rows, "batch_size": args.batch_size, "workers": args.workers,
+        "repeats": repeats,
+        "ctrctl_samples_per_s": statistics.median(ours),
+        "pyarrow_iter_samples_per_s": statistics.median(ref),
+        "in_memory_samples_per_s": statistics.median(ceiling),
+    }
+    results["ratio_vs_pyarrow_iter"] = (results["ctrctl_samples_per_s"]
+                                        / results["pyarrow_iter_samples_per_s"])
+    results["ratio_vs_in_memory"] = (results["ctrctl_samples_per_s"]
+                                     / results["in_memory_samples_per_s"])
+    print(f"loader, {rows:,} rows, batch {args.batch_size}, medians of {repeats} epochs")
+    print(f"{'loader':<28}{'samples/s':>14}{'ratio':>8}")
+    print(f"{'ctrctl (shuffled, threads)':<28}{results['ctrctl_samples_per_s']:>14,.0f}{1.0:>8.2f}")
+    for name, key in (("pyarrow iter_batches", "pyarrow_iter_samples_per_s"),
+                      ("in-memory slicing", "in_memory_samples_per_s")):
+        print(f"{name:<28}{results[key]:>14,.0f}"
+              f"{results[key] / results['ctrctl_samples_per_s']:>8.2f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
