@@ -115,8 +115,8 @@ def make_dataset(
                 lengths = split_rng.integers(0, max_length + 1, n)
                 ids = _zipf_ids(split_rng, int(lengths.sum()), size)
                 offsets = np.concatenate([[0], np.cumsum(lengths)])
-                sums = np.add.reduceat(effects[f][ids], offsets[:-1]) if len(ids) else 0.0
-                sums = np.where(lengths > 0, sums, 0.0)
+                rows_of_ids = np.repeat(np.arange(n), lengths)
+                sums = np.bincount(rows_of_ids, weights=effects[f][ids], minlength=n)
                 logit = logit + sums / np.maximum(lengths, 1)
                 columns[name] = pa.ListArray.from_arrays(
                     pa.array(offsets.astype(np.int32)), pa.array(ids.astype(np.int64))
