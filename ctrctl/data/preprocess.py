@@ -1,0 +1,530 @@
+"""Raw click logs to a dataset folder: Parquet splits, vocabularies and ``manifest.json``.
+
+Each input is scanned lazily (polars), parsed and validated with vectorised expressions and
+streamed to Parquet (``sink_parquet``) in row groups sized for loading, so peak memory does not
+grow with the input. All sinks and the counting of one input share one scan (``collect_all``).
+In vocabulary mode the parsed keys are staged first, vocabularies are counted on the staged
+training split, and a second streaming pass maps keys to ids.
+
+Output is written to a temporary folder beside ``out`` (``.<name>.tmp-<pid>-<random>``) and
+renamed at the end; a failure removes it, and a stale one left by a killed run is removed by
+the next run. Nothing at ``out`` is ever partial.
+
+Example:
+    >>> manifest = preprocess("schemas/criteo.yaml", ["train=train.txt", "val=dev.txt"],
+    ...                       "dataset")
+    >>> manifest.splits["train"].rows
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import polars as pl
+
+from ctrctl.data.manifest import DatasetManifest, SplitInfo
+from ctrctl.data.readers import (
+    SPLIT_NAMES,
+    InputSource,
+    ScannedInput,
+    day_of,
+    file_digest,
+    parse_input,
+    scan_input,
+)
+from ctrctl.data.schema import Schema, load_schema
+from ctrctl.data.stats import dataset_features, locate_bad_row
+from ctrctl.data.transforms import (
+    BAD,
+    BAD_REASONS,
+    ROW,
+    SPLIT,
+    parsed_columns,
+    random_unit,
+    sparse_kinds,
+)
+from ctrctl.data.vocab import VOCAB_DIR, build_vocabs, encode, load_vocabs, save_vocabs
+from ctrctl.errors import ConfigError, InputDataError, OutputExistsError
+from ctrctl.progress import Progress
+from ctrctl.tracking import Tracker
+
+logger = logging.getLogger(__name__)
+
+BadRows = Literal["error", "skip"]
+#: Rows per Parquet row group: large enough for fast scans, small enough to load one at a time.
+ROW_GROUP_SIZE = 65_536
+#: lz4 decodes and encodes several times faster than zstd at a modest size cost.
+COMPRESSION: Literal["lz4"] = "lz4"
+_TMP_MARK = ".tmp-"
+
+
+@dataclass
+class _Target:
+    """One Parquet part: rows of one input going to one split."""
+
+    split: str
+    path: Path
+
+
+@dataclass
+class _Job:
+    source: InputSource
+    index: int
+    scan: ScannedInput
+    targets: list[_Target] = field(default_factory=list)
+    split_expr: pl.Expr | None = None
+
+
+def _parse_ratio(text: str | Sequence[float] | None) -> tuple[float, float, float] | None:
+    if text is None:
+        return None
+    try:
+        values = [float(v) for v in (text.split(",") if isinstance(text, str) else text)]
+    except ValueError as exc:
+        raise ConfigError(f"--split-ratio {text!r} is not three numbers",
+                          hint="e.g. --split-ratio 0.8,0.1,0.1") from exc
+    if len(values) != 3 or min(values) < 0 or abs(sum(values) - 1.0) > 1e-6:
+        raise ConfigError(f"--split-ratio {text!r} must be three non-negative numbers summing to 1",
+                          hint="e.g. --split-ratio 0.8,0.1,0.1")
+    return values[0], values[1], values[2]
+
+
+def _temp_folder(out: Path) -> Path:
+    return out.parent / f".{out.name}{_TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_temps(out: Path) -> list[Path]:
+    """Remove temporary folders of ``out`` left by runs that were killed; returns them."""
+    removed = []
+    prefix = f".{out.name}{_TMP_MARK}"
+    if not out.parent.is_dir():
+        return removed
+    for path in out.parent.iterdir():
+        if not path.name.startswith(prefix):
+            continue
+        pid_text = path.name[len(prefix):].split("-", 1)[0]
+        if pid_text.isdigit() and _pid_alive(int(pid_text)) and int(pid_text) != os.getpid():
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _plan_jobs(
+    schema: Schema,
+    sources: list[InputSource],
+    ratio: tuple[float, float, float] | None,
+    seed: int,
+    split_by_day: bool,
+) -> list[_Job]:
+    jobs = [_Job(s, i, scan_input(schema, s.path)) for i, s in enumerate(sources)]
+    last_day = max(day_of(s.path) for s in sources) if split_by_day else None
+    for job in jobs:
+        source = job.source
+        if split_by_day:
+            if source.split is not None:
+                raise ConfigError("--split-by-day takes inputs without a split name",
+                                  where=f"{source.split}={source.path}")
+            if day_of(source.path) == last_day:
+                # The last day is halved in file order: first half val, second half test.
+                rows = job.scan.frame.select(pl.len()).collect().item()
+                job.split_expr = pl.when(pl.col(ROW) < rows // 2).then(pl.lit("val"))
+                job.split_expr = job.split_expr.otherwise(pl.lit("test"))
+            else:
+                job.split_expr = pl.lit("train")
+        elif source.split is None and ratio is not None:
+            u = random_unit(pl.col(ROW), job.index, seed)
+            job.split_expr = (
+                pl.when(u < ratio[0]).then(pl.lit("train"))
+                .when(u < ratio[0] + ratio[1]).then(pl.lit("val"))
+                .otherwise(pl.lit("test"))
+            )
+        else:
+            job.split_expr = pl.lit(source.split or "train")
+    return jobs
+
+
+def preprocess(
+    schema: Schema | str | Path | None,
+    inputs: Sequence[str | InputSource],
+    out: str | Path,
+    *,
+    split_ratio: str | Sequence[float] | None = None,
+    seed: int = 0,
+    split_by_day: bool = False,
+    reuse_transforms: str | Path | None = None,
+    on_bad_rows: BadRows = "error",
+    overwrite: bool = False,
+    row_group_size: int = ROW_GROUP_SIZE,
+    progress: Progress | None = None,
+    tracker: Tracker | None = None,
+) -> DatasetManifest:
+    """Preprocess raw logs into a dataset folder ``out`` and return its manifest.
+
+    Args:
+        schema: a :class:`Schema` or a schema YAML path; None with ``reuse_transforms``
+            takes the followed dataset's schema.
+        inputs: ``[SPLIT=]PATH`` strings or :class:`InputSource`; a path without a split
+            goes to train, or is divided at random when ``split_ratio`` is given.
+        out: the dataset folder to create.
+        split_ratio: "train,val,test" fractions (e.g. "0.8,0.1,0.1") for unnamed inputs.
+        seed: the seed of the random split (same input + seed -> identical output).
+        split_by_day: Criteo 1TB: ``day_N`` inputs, the last day halved into val and test.
+        reuse_transforms: a dataset folder whose vocabularies and hash sizes to apply
+            (new logs for evaluation or scoring); the manifest records it as ``follows``.
+        on_bad_rows: ``error`` stops at the first malformed row naming file, line and
+            column; ``skip`` drops such rows and counts them per reason.
+        overwrite: replace an existing ``out``.
+        row_group_size: rows per Parquet row group.
+        progress: reports rows as they stream.
+        tracker: MLflow tracking (one run "preprocess"); None tracks nothing.
+
+    Raises:
+        InputDataError, SchemaError, ConfigError, OutputExistsError, DatasetError.
+    """
+    started = time.perf_counter()
+    progress = progress or Progress()
+    tracker = tracker or Tracker()
+    out = Path(out)
+    followed: DatasetManifest | None = None
+    if reuse_transforms is not None:
+        followed = DatasetManifest.load(reuse_transforms)
+        schema = _follow_schema(schema, followed, Path(reuse_transforms))
+    if schema is None:
+        raise ConfigError("no schema given", hint="pass --schema schemas/<name>.yaml")
+    if not isinstance(schema, Schema):
+        schema = load_schema(schema)
+    if on_bad_rows not in ("error", "skip"):
+        raise ConfigError(f"--on-bad-rows must be error or skip, not {on_bad_rows!r}")
+    sources = [s if isinstance(s, InputSource) else parse_input(s) for s in inputs]
+    if not sources:
+        raise InputDataError("no input given", hint="pass --input [SPLIT=]PATH")
+    ratio = _parse_ratio(split_ratio)
+    if split_by_day and ratio is not None:
+        raise ConfigError("--split-by-day and --split-ratio exclude each other")
+    if out.exists() and not overwrite:
+        raise OutputExistsError("output folder already exists", where=str(out),
+                                hint="pass --overwrite to replace it, or choose another --out")
+    for stale in clean_stale_temps(out):
+        logger.info("removed %s, left by an interrupted run", stale)
+
+    with tracker.run("preprocess") as run:
+        run.log_params({
+            "schema": schema.name, "schema_hash": schema.content_hash(),
+            "inputs": [f"{s.split or '-'}={s.path}" for s in sources],
+            "split_ratio": ratio, "seed": seed, "split_by_day": split_by_day,
+            "on_bad_rows": on_bad_rows, "reuse_transforms": reuse_transforms,
+        })
+        run.log_dict(schema.to_dict(), "schema.json")
+        temp = _temp_folder(out)
+        temp.mkdir(parents=True)
+        try:
+            manifest, timings = _run(schema, sources, temp, ratio, seed, split_by_day, followed,
+                                     reuse_transforms, on_bad_rows, row_group_size, progress)
+            if out.exists():
+                trash = _temp_folder(out)
+                out.rename(trash)
+                temp.rename(out)
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                temp.rename(out)
+        except BaseException:
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+        seconds = time.perf_counter() - started
+        total = sum(s.rows for s in manifest.splits.values())
+        run.log_metrics({
+            **{f"rows.{k}": v.rows for k, v in manifest.splits.items()},
+            **{f"label_rate.{k}": v.label_rate for k, v in manifest.splits.items()},
+            **{f"bad_rows.{k}": v for k, v in manifest.bad_rows.items()},
+            **{f"seconds.{k}": v for k, v in timings.items()},
+            "seconds.total": seconds, "rows_per_s": total / max(seconds, 1e-9),
+        })
+        run.log_artifact(out / "manifest.json")
+    logger.info("wrote %s: %s rows in %.1f s", out, f"{total:,}", seconds)
+    return manifest
+
+
+def _follow_schema(schema: Schema | str | Path | None, followed: DatasetManifest,
+                   folder: Path) -> Schema:
+    own = Schema.from_dict(followed.schema, where=str(folder / "manifest.json"))
+    if schema is None:
+        return own
+    given = schema if isinstance(schema, Schema) else load_schema(schema)
+    if given.content_hash() != own.content_hash():
+        raise ConfigError(
+            "--schema differs from the schema of the --reuse-transforms dataset",
+            where=str(folder), hint="drop --schema to use the dataset's own schema",
+        )
+    return own
+
+
+def _run(
+    schema: Schema,
+    sources: list[InputSource],
+    temp: Path,
+    ratio: tuple[float, float, float] | None,
+    seed: int,
+    split_by_day: bool,
+    followed: DatasetManifest | None,
+    followed_dir: str | Path | None,
+    on_bad_rows: BadRows,
+    row_group_size: int,
+    progress: Progress,
+) -> tuple[DatasetManifest, dict[str, float]]:
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    kinds = sparse_kinds(schema)
+    vocab_features = [n for n, (_, size, _) in kinds.items() if size is None]
+    if followed is not None:
+        _check_polars_version(followed, kinds)
+        vocabs = load_vocabs(Path(followed_dir or "."), vocab_features)
+        staged = False
+    else:
+        vocabs = {}
+        staged = bool(vocab_features)
+    jobs = _plan_jobs(schema, sources, ratio, seed, split_by_day)
+    stage_dir = temp / "_staged" if staged else temp
+    for job in jobs:
+        _assign_targets(job, stage_dir)
+    timings["scan_setup"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    estimate = [j.scan.estimated_rows for j in jobs]
+    total = sum(e for e in estimate if e) if all(estimate) else None
+    progress.start("preprocess", total=total, unit="rows")
+    counts: list[dict[str, dict[str, int]]] = []
+    try:
+        for job in jobs:
+            counts.append(_stream_job(schema, job, kinds, vocabs, staged, on_bad_rows,
+                                      row_group_size, progress))
+    finally:
+        progress.finish()
+    timings["stream"] = time.perf_counter() - t0
+
+    if staged:
+        t0 = time.perf_counter()
+        train_parts = [t.path for j in jobs for t in j.targets if t.split == "train"]
+        if not train_parts:
+            raise ConfigError("vocabulary mode needs a train split to count values on",
+                              hint="add --input train=PATH or reuse a dataset's transforms")
+        min_counts = {c.name: c.min_count for c in schema.sparse if c.min_count is not None}
+        multi = {n: m for n, (_, _, m) in kinds.items()}
+        vocabs = build_vocabs(train_parts, min_counts, multi)
+        timings["vocab"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for job in jobs:
+            for target in job.targets:
+                final = temp / target.path.relative_to(stage_dir)
+                final.parent.mkdir(parents=True, exist_ok=True)
+                encode(pl.scan_parquet(target.path), kinds, vocabs).sink_parquet(
+                    final, compression=COMPRESSION, row_group_size=row_group_size)
+                target.path = final
+        shutil.rmtree(stage_dir)
+        timings["encode"] = time.perf_counter() - t0
+    if vocabs:
+        save_vocabs(vocabs, temp)
+    _number_parts(jobs)
+
+    t0 = time.perf_counter()
+    manifest = _manifest(schema, jobs, counts, kinds, vocabs, temp, followed, followed_dir,
+                         ratio, seed, split_by_day, on_bad_rows, row_group_size)
+    manifest.save(temp)
+    timings["stats"] = time.perf_counter() - t0
+    return manifest, timings
+
+
+def _number_parts(jobs: list[_Job]) -> None:
+    """Rename each split's parts to part-00000, part-00001, ... in input order."""
+    for split in SPLIT_NAMES:
+        targets = [t for j in jobs for t in j.targets if t.split == split]
+        for number, target in enumerate(targets):
+            final = target.path.with_name(f"part-{number:05d}.parquet")
+            if final != target.path:
+                target.path.rename(final)
+                target.path = final
+
+
+def _check_polars_version(followed: DatasetManifest, kinds: dict[str, Any]) -> None:
+    if not any(kind == "string" for kind, _, _ in kinds.values()):
+        return
+    theirs = followed.transforms.get("polars_version")
+    if theirs != pl.__version__:
+        raise ConfigError(
+            f"string features were hashed with polars {theirs}; this is polars "
+            f"{pl.__version__}, whose string hash may differ",
+            hint=f"install polars=={theirs} or preprocess the training logs again",
+        )
+
+
+def _assign_targets(job: _Job, folder: Path) -> None:
+    index = job.index
+    for split in SPLIT_NAMES:
+        job.targets.append(_Target(split, folder / split / f"part-{index:05d}.parquet"))
+
+
+def _stream_job(
+    schema: Schema,
+    job: _Job,
+    kinds: dict[str, tuple[str, int | None, bool]],
+    vocabs: dict[str, pl.DataFrame],
+    staged: bool,
+    on_bad_rows: BadRows,
+    row_group_size: int,
+    progress: Progress,
+) -> dict[str, dict[str, int]]:
+    """Stream one input to its Parquet parts; returns per-split counts."""
+    columns, bad = parsed_columns(schema)
+    names = [c.meta.output_name() for c in columns]
+    assert job.split_expr is not None
+
+    def tick(rows: pl.Series) -> pl.Series:
+        progress.advance(len(rows))
+        return rows
+
+    missing = [pl.col(c.name).is_null().alias(f"__missing.{c.name}") for c in schema.dense]
+    frame = job.scan.frame.with_columns(
+        pl.col(ROW).map_batches(tick, is_elementwise=True, return_dtype=pl.UInt32)
+    ).select(pl.col(ROW), *columns, *missing, bad, job.split_expr.alias(SPLIT))
+    good = pl.col(BAD) == 0
+    kept = frame.filter(good) if on_bad_rows == "skip" else frame
+    data = kept.select(names) if staged else encode(kept.select(*names, SPLIT), kinds, vocabs)
+    # Splits this input may feed: a literal split expression feeds exactly one.
+    possible = _possible_splits(job)
+    sinks = []
+    for target in job.targets:
+        if target.split not in possible:
+            continue
+        target.path.parent.mkdir(parents=True, exist_ok=True)
+        part = data.filter(pl.col(SPLIT) == target.split).drop(SPLIT) if not staged else (
+            kept.filter(pl.col(SPLIT) == target.split).select(names))
+        sinks.append(part.sink_parquet(target.path, compression=COMPRESSION,
+                                       row_group_size=row_group_size, lazy=True))
+    job.targets = [t for t in job.targets if t.split in possible]
+    summary = frame.group_by(SPLIT).agg(
+        pl.len().alias("rows_read"),
+        good.sum().alias("rows"),
+        pl.col(schema.label).filter(good).cast(pl.Int64).sum().alias("positives"),
+        *[(pl.col(BAD) == i + 1).sum().alias(r) for i, r in enumerate(BAD_REASONS)],
+        pl.col(ROW).filter(~good).min().alias("first_bad"),
+        *[pl.col(f"__missing.{c.name}").filter(good).sum() for c in schema.dense],
+    )
+    try:
+        results = pl.collect_all([*sinks, summary.lazy()])
+    except pl.exceptions.PolarsError as exc:
+        raise InputDataError(f"cannot read input: {exc}", where=str(job.source.path)) from exc
+    table = results[-1]
+    counts = {row[SPLIT]: row for row in table.iter_rows(named=True)}
+    bad_rows = sum(sum(int(r[k]) for k in BAD_REASONS) for r in counts.values())
+    if bad_rows and on_bad_rows == "error":
+        first = min(int(r["first_bad"]) for r in counts.values() if r["first_bad"] is not None)
+        raise locate_bad_row(schema, job.scan, job.source.path, first, bad_rows)
+    for split in possible:
+        counts.setdefault(split, {"rows": 0, "rows_read": 0, "positives": 0})
+    # A split that received no rows keeps no (empty) part.
+    for target in list(job.targets):
+        if counts[target.split]["rows"] == 0:
+            target.path.unlink(missing_ok=True)
+            job.targets.remove(target)
+    return counts
+
+
+def _possible_splits(job: _Job) -> tuple[str, ...]:
+    expr = job.split_expr
+    assert expr is not None
+    try:
+        value = pl.select(expr).item()
+    except pl.exceptions.PolarsError:
+        return SPLIT_NAMES
+    return (value,) if value in SPLIT_NAMES else SPLIT_NAMES
+
+
+def _manifest(
+    schema: Schema,
+    jobs: list[_Job],
+    counts: list[dict[str, dict[str, Any]]],
+    kinds: dict[str, tuple[str, int | None, bool]],
+    vocabs: dict[str, pl.DataFrame],
+    folder: Path,
+    followed: DatasetManifest | None,
+    followed_dir: str | Path | None,
+    ratio: tuple[float, float, float] | None,
+    seed: int,
+    split_by_day: bool,
+    on_bad_rows: BadRows,
+    row_group_size: int,
+) -> DatasetManifest:
+    splits: dict[str, SplitInfo] = {}
+    for split in SPLIT_NAMES:
+        files = [str(t.path.relative_to(folder)) for j in jobs for t in j.targets
+                 if t.split == split]
+        rows = sum(int(c.get(split, {}).get("rows", 0)) for c in counts)
+        if not files:
+            continue
+        positives = sum(int(c.get(split, {}).get("positives", 0)) for c in counts)
+        splits[split] = SplitInfo(rows=rows, label_rate=positives / max(rows, 1),
+                                  files=tuple(sorted(files)))
+    if not splits:
+        raise InputDataError("no rows left to write",
+                             hint="every row was malformed and skipped; check the schema")
+    bad_totals = {r: sum(int(v.get(r, 0)) for c in counts for v in c.values())
+                  for r in BAD_REASONS}
+    inputs = []
+    for job, count in zip(jobs, counts, strict=True):
+        inputs.append({
+            "path": str(job.source.path.resolve()),
+            "split": job.source.split,
+            "bytes": job.source.path.stat().st_size,
+            "sha256": file_digest(job.source.path),
+            "rows": {s: int(v["rows"]) for s, v in count.items() if v.get("rows")},
+            "bad_rows": {r: sum(int(v.get(r, 0)) for v in count.values()) for r in BAD_REASONS},
+        })
+    stats_split = next(s for s in ("train", "val", "test") if s in splits)
+    missing = {c.name: sum(int(v.get(f"__missing.{c.name}", 0) or 0)
+                           for cnt in counts for s, v in cnt.items() if s == stats_split)
+               for c in schema.dense}
+    dense, sparse = dataset_features(schema, kinds, vocabs, folder,
+                                     [folder / f for f in splits[stats_split].files],
+                                     missing, splits[stats_split].rows, followed)
+    follows = None
+    if followed is not None:
+        follows = {"path": str(Path(followed_dir or ".").resolve()),
+                   "manifest_hash": followed.content_hash(),
+                   "schema_hash": followed.schema_hash}
+    transforms = {
+        "dense": {c.name: {"transform": c.transform, "fill": c.fill, "clip": c.clip,
+                           "type": c.value_type} for c in schema.dense},
+        "sparse": {name: {"mode": "hash" if size else "vocab", "kind": kind,
+                          "hash_size": size, "multi_hot": multi}
+                   for name, (kind, size, multi) in kinds.items()},
+        "vocab_dir": VOCAB_DIR if vocabs else None,
+        "split_ratio": ratio, "seed": seed, "split_by_day": split_by_day,
+        "on_bad_rows": on_bad_rows, "row_group_size": row_group_size,
+        "compression": COMPRESSION, "polars_version": pl.__version__,
+        "string_hash_seed": 0,
+    }
+    return DatasetManifest(
+        label=schema.label, dense=dense, sparse=sparse, splits=splits,
+        schema=schema.to_dict(), schema_hash=schema.content_hash(), inputs=tuple(inputs),
+        transforms=transforms, bad_rows=bad_totals, follows=follows,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )

@@ -1,0 +1,197 @@
+"""Raw inputs: ``[SPLIT=]PATH`` arguments, file checks, header detection and lazy scans.
+
+CSV/TSV inputs (plain or gzip) are scanned lazily with every column as a string and one extra
+column that is non-null only on rows with more fields than the schema; a row with fewer
+fields reads its missing trailing fields as empty (real Criteo files lose trailing tabs).
+Parquet inputs are scanned by column name and cast to strings, so that both go through the
+same validation.
+
+Example:
+    >>> source = parse_input("val=logs/day_1.tsv.gz")        # InputSource(split='val', ...)
+    >>> scan = scan_input(schema, source.path)               # ScannedInput(frame, header_lines)
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from ctrctl.data.schema import Schema
+from ctrctl.data.transforms import EXTRA, ROW
+from ctrctl.errors import InputDataError, SchemaError
+
+SPLIT_NAMES = ("train", "val", "test")
+_SAMPLE_BYTES = 1 << 20
+_DAY = re.compile(r"day_(\d+)")
+
+
+@dataclass(frozen=True)
+class InputSource:
+    """One ``--input``: a path and the split it goes to (None: train, or divided at random)."""
+
+    path: Path
+    split: str | None = None
+
+
+@dataclass(frozen=True)
+class ScannedInput:
+    """A lazy frame of an input's raw string columns plus ``__extra`` and ``__row``.
+
+    Attributes:
+        frame: the lazy scan.
+        header_lines: lines before the first data row (line of row r = r + 1 + header_lines).
+        estimated_rows: rows guessed from the file size, or None (gzip, Parquet).
+    """
+
+    frame: pl.LazyFrame
+    header_lines: int
+    estimated_rows: int | None
+
+
+def parse_input(text: str) -> InputSource:
+    """Parse ``[SPLIT=]PATH``; a path containing ``=`` needs an explicit split."""
+    split, sep, path = text.partition("=")
+    if sep and split in SPLIT_NAMES:
+        return InputSource(Path(path), split)
+    if sep and "/" not in split and split and not Path(text).exists():
+        raise InputDataError(
+            f"unknown split {split!r} in --input {text!r}",
+            hint=f"use one of {', '.join(SPLIT_NAMES)}, e.g. --input val=PATH",
+        )
+    return InputSource(Path(text), None)
+
+
+def day_of(path: Path) -> int:
+    """The day number in a Criteo 1TB file name (``day_23``, ``day_23.gz``)."""
+    match = _DAY.search(path.name)
+    if match is None:
+        raise InputDataError(
+            "--split-by-day needs inputs named day_N (as Criteo 1TB's day_0 ... day_23)",
+            where=str(path),
+        )
+    return int(match.group(1))
+
+
+def check_file(path: Path) -> None:
+    """Fail clearly on a missing, non-regular or empty input."""
+    if not path.exists():
+        raise InputDataError("input file not found", where=str(path),
+                             hint="check the path given to --input")
+    if not path.is_file():
+        raise InputDataError("input is not a regular file", where=str(path))
+    if path.stat().st_size == 0:
+        raise InputDataError("input file is empty", where=str(path))
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of the file's bytes, as stored (compressed bytes for a .gz)."""
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _is_gzip(path: Path) -> bool:
+    with path.open("rb") as handle:
+        return handle.read(2) == b"\x1f\x8b"
+
+
+def _sample(path: Path) -> bytes:
+    """The first MiB of the (decompressed) file."""
+    if _is_gzip(path):
+        with gzip.open(path, "rb") as handle:
+            return handle.read(_SAMPLE_BYTES)
+    with path.open("rb") as handle:
+        return handle.read(_SAMPLE_BYTES)
+
+
+def _fields(line: bytes, sep: str) -> list[str]:
+    return line.rstrip(b"\r\n").decode("utf-8", errors="replace").split(sep)
+
+
+def _detect_header(schema: Schema, first: list[str], path: Path) -> bool:
+    names = [c.name for c in schema.columns]
+    if schema.header == "auto":
+        has_header = schema.label in first
+    else:
+        has_header = bool(schema.header)
+    if has_header and first != names:
+        missing = [n for n in names if n not in first]
+        extra = [f for f in first if f not in names]
+        raise SchemaError(
+            f"the file's header does not match the schema's columns (missing: {missing}, "
+            f"not in the schema: {extra})"
+            if missing or extra
+            else "the file's header lists the schema's columns in another order",
+            where=f"{path}:1",
+            hint="fix `columns:` in the schema to list the file's columns in file order",
+        )
+    return has_header
+
+
+def scan_input(schema: Schema, path: Path) -> ScannedInput:
+    """A lazy scan of one input with every schema column as a nullable string.
+
+    Raises:
+        InputDataError: the file is missing or has no data rows.
+        SchemaError: its header or field count does not match the schema.
+    """
+    check_file(path)
+    names = [c.name for c in schema.columns]
+    if schema.format == "parquet":
+        frame = pl.scan_parquet(path)
+        try:
+            present = frame.collect_schema().names()
+        except pl.exceptions.PolarsError as exc:
+            raise InputDataError(f"cannot read Parquet: {exc}", where=str(path)) from exc
+        missing = [n for n in names if n not in present]
+        if missing:
+            raise SchemaError(f"columns {missing} of the schema are not in the file",
+                              where=str(path), hint=f"the file has {present}")
+        frame = frame.select(
+            *[pl.col(n).cast(pl.String) for n in names], pl.lit(None, pl.String).alias(EXTRA)
+        )
+        return ScannedInput(frame.with_row_index(ROW), 0, None)
+
+    sample = _sample(path)
+    lines = sample.split(b"\n")
+    if not sample.strip():
+        raise InputDataError("input has no data rows", where=str(path))
+    first = _fields(lines[0], schema.sep)
+    has_header = _detect_header(schema, first, path)
+    data_lines = [line for line in lines[1 if has_header else 0 :] if line.strip()]
+    if not data_lines:
+        raise InputDataError("input has a header but no data rows", where=str(path))
+    n_fields = len(_fields(data_lines[0], schema.sep))
+    if n_fields > len(names) or (n_fields == 1 and len(names) > 1):
+        raise SchemaError(
+            f"the file's first row has {n_fields} fields separated by {schema.sep!r}, the "
+            f"schema {len(names)} columns",
+            where=f"{path}:{2 if has_header else 1}",
+            hint="check the schema's format/separator and columns against the file",
+        )
+    estimated = None
+    if not _is_gzip(path) and len(lines) > 1:
+        mean_line = max(1.0, (len(sample) - len(lines[-1])) / max(1, len(lines) - 1))
+        estimated = int(path.stat().st_size / mean_line)
+    frame = pl.scan_csv(
+        path,
+        has_header=False,
+        skip_lines=1 if has_header else 0,
+        separator=schema.sep,
+        quote_char='"' if schema.format == "csv" else None,
+        schema={**{n: pl.String for n in names}, EXTRA: pl.String},
+        missing_columns="insert",
+        extra_columns="ignore",
+        empty_string_is_null=True,
+    )
+    return ScannedInput(frame.with_row_index(ROW), 1 if has_header else 0, estimated)
+
+
+def raw_row(scan: ScannedInput, row: int) -> dict[str, str | None]:
+    """The raw string fields of data row ``row`` (for error messages)."""
+    frame = scan.frame.filter(pl.col(ROW) == row).collect()
+    return frame.drop(ROW).row(0, named=True) if frame.height else {}

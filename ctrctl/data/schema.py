@@ -1,0 +1,252 @@
+"""Feature schemas: what the columns of a raw log are and how each becomes a model input.
+
+A schema is a YAML file (``schemas/criteo.yaml``, ``schemas/avazu.yaml``)::
+
+    name: criteo                # free text, recorded in the manifest
+    format: tsv                 # csv | tsv | parquet (a .gz suffix on an input means gzip)
+    separator: "\\t"             # default: tab for tsv, comma for csv
+    header: false               # true | false | auto (auto: a first line naming the columns)
+    label: label                # the label column (0/1)
+    columns:                    # every column of the file, in file order
+      - {name: label, role: label}
+      - name: I1
+        role: dense             # label | dense | sparse | ignore
+        type: int               # dense: int | float
+        transform: log1p        # log1p (default: negatives -> 0, then log(x+1)) | none | clip
+        fill: 0                 # value of a missing field (default 0)
+        clip: [0, 100]          # bounds for transform: clip
+      - name: C1
+        role: sparse
+        type: hex               # sparse: hex | int | string
+        hash_size: 1000000      # hash mode: id = value mod hash_size (missing -> 0) ...
+        # min_count: 5          # ... or vocabulary mode: values seen >= min_count times in
+        #                         the training split get ids 1..V, the rest id 0 (OOV)
+        multi_hot_separator: "|"   # optional: the field is a list of values
+      - name: hour
+        role: ignore
+        derive:                 # optional: sparse features computed from a timestamp
+          format: "%y%m%d%H"    # strptime format of the raw value
+          features: [hour_of_day, weekday]   # become sparse features hour_of_day, weekday
+
+Sparse values of type ``string`` are hashed with polars' ``hash(seed=0)``, which is stable
+within one polars version only: the manifest records the polars version and
+``--reuse-transforms`` refuses a dataset written by another one. Hex and int values need no
+hash (the value itself is taken modulo ``hash_size``), so they are stable everywhere.
+
+Example:
+    >>> schema = load_schema("schemas/criteo.yaml")
+    >>> [c.name for c in schema.dense]       # ['I1', ..., 'I13']
+    >>> schema.content_hash()                # recorded in the dataset manifest
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from ctrctl.errors import SchemaError
+
+Role = Literal["label", "dense", "sparse", "ignore"]
+DerivedFeature = Literal["hour_of_day", "weekday", "day"]
+
+#: Embedding rows of each derived feature (hour 0-23, weekday 1-7, day of month 1-31).
+DERIVED_SIZES: dict[str, int] = {"hour_of_day": 24, "weekday": 8, "day": 32}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Derive(_Frozen):
+    """Sparse features derived from a timestamp column (e.g. Avazu's ``hour``, YYMMDDHH)."""
+
+    format: str
+    features: tuple[DerivedFeature, ...]
+
+
+class Column(_Frozen):
+    """One column of the raw file.
+
+    Attributes:
+        name: the column's name (the Parquet column it becomes).
+        role: label, dense, sparse or ignore.
+        type: the raw value's type: int/float for dense, hex/int/string for sparse.
+        transform: dense only: log1p, none or clip.
+        fill: dense only: the value of a missing field.
+        clip: dense only: (low, high) for ``transform: clip``.
+        hash_size: sparse, hash mode: ids are ``value mod hash_size``.
+        min_count: sparse, vocabulary mode: the frequency threshold.
+        multi_hot_separator: sparse only: the field holds a list of values.
+        derive: sparse features computed from this column.
+    """
+
+    name: str
+    role: Role
+    type: Literal["int", "float", "hex", "string"] | None = None
+    transform: Literal["log1p", "none", "clip"] = "log1p"
+    fill: float = 0.0
+    clip: tuple[float, float] | None = None
+    hash_size: int | None = None
+    min_count: int | None = None
+    multi_hot_separator: str | None = None
+    derive: Derive | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Column:
+        if self.role == "dense":
+            if self.type not in (None, "int", "float"):
+                raise ValueError(f"dense column {self.name!r}: type must be int or float")
+            if self.transform == "clip" and self.clip is None:
+                raise ValueError(f"dense column {self.name!r}: transform clip needs clip: [lo, hi]")
+        if self.role == "sparse":
+            if self.type not in (None, "hex", "int", "string"):
+                raise ValueError(f"sparse column {self.name!r}: type must be hex, int or string")
+            if (self.hash_size is None) == (self.min_count is None):
+                raise ValueError(
+                    f"sparse column {self.name!r}: give exactly one of hash_size (hash mode) "
+                    "or min_count (vocabulary mode)"
+                )
+            if self.hash_size is not None and self.hash_size <= 0:
+                raise ValueError(f"sparse column {self.name!r}: hash_size must be positive")
+            if self.min_count is not None and self.min_count < 1:
+                raise ValueError(f"sparse column {self.name!r}: min_count must be >= 1")
+        elif self.hash_size is not None or self.min_count is not None:
+            raise ValueError(f"column {self.name!r}: hash_size/min_count are for sparse columns")
+        return self
+
+    @property
+    def value_type(self) -> str:
+        """The raw type with its per-role default (dense: float, sparse: hex, label: int)."""
+        if self.type is not None:
+            return self.type
+        return {"dense": "float", "sparse": "hex"}.get(self.role, "int")
+
+    @property
+    def mode(self) -> str:
+        """``hash`` or ``vocab`` for a sparse column."""
+        return "vocab" if self.min_count is not None else "hash"
+
+
+class Schema(_Frozen):
+    """A parsed, validated schema (see the module docstring for the YAML)."""
+
+    name: str
+    format: Literal["csv", "tsv", "parquet"] = "tsv"
+    separator: str | None = None
+    header: bool | Literal["auto"] = False
+    label: str
+    columns: tuple[Column, ...]
+
+    @model_validator(mode="after")
+    def _check(self) -> Schema:
+        names = [c.name for c in self.columns]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate column names: {dupes}")
+        labels = [c.name for c in self.columns if c.role == "label"]
+        if labels != [self.label]:
+            raise ValueError(
+                f"label {self.label!r} must be the one column with role: label (found {labels})"
+            )
+        derived = [name for _, name, _ in self.derived_features()]
+        clash = sorted(set(derived) & set(names))
+        if clash:
+            raise ValueError(f"derived features clash with columns: {clash}")
+        if not self.dense and not self.sparse_names:
+            raise ValueError("the schema has no dense and no sparse feature")
+        if self.separator is not None and len(self.separator) != 1:
+            raise ValueError("separator must be one character")
+        return self
+
+    # ---- queries -------------------------------------------------------------------
+    @property
+    def sep(self) -> str:
+        """The field separator."""
+        if self.separator is not None:
+            return self.separator
+        return "," if self.format == "csv" else "\t"
+
+    @property
+    def dense(self) -> list[Column]:
+        return [c for c in self.columns if c.role == "dense"]
+
+    @property
+    def sparse(self) -> list[Column]:
+        return [c for c in self.columns if c.role == "sparse"]
+
+    def derived_features(self) -> list[tuple[Column, str, str]]:
+        """(source column, feature name, kind) for each derived sparse feature."""
+        return [
+            (c, kind, kind) if len(self._derive_sources()) == 1 else (c, f"{c.name}_{kind}", kind)
+            for c in self.columns
+            if c.derive is not None
+            for kind in c.derive.features
+        ]
+
+    def _derive_sources(self) -> list[str]:
+        return [c.name for c in self.columns if c.derive is not None]
+
+    @property
+    def sparse_names(self) -> list[str]:
+        """Output sparse features in order: sparse columns, then derived features."""
+        return [c.name for c in self.sparse] + [n for _, n, _ in self.derived_features()]
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def content_hash(self) -> str:
+        """sha256 of the schema's canonical JSON (independent of YAML layout and comments)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    def with_vocab(self, min_count: int) -> Schema:
+        """The same schema with every sparse column in vocabulary mode (``min_count``)."""
+        columns = tuple(
+            c.model_copy(update={"hash_size": None, "min_count": min_count})
+            if c.role == "sparse"
+            else c
+            for c in self.columns
+        )
+        return self.model_copy(update={"columns": columns})
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "schema") -> Schema:
+        """Validate a parsed YAML/JSON mapping."""
+        if not isinstance(data, dict):
+            raise SchemaError("a schema must be a mapping", where=where)
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            raise SchemaError(
+                f"invalid schema: {first['msg']}" + (f" at {loc}" if loc else ""),
+                where=where,
+                hint="see the format in the docstring of ctrctl/data/schema.py",
+            ) from exc
+
+
+def load_schema(path: str | Path) -> Schema:
+    """Read and validate a schema YAML file.
+
+    Args:
+        path: the YAML file.
+
+    Example:
+        >>> load_schema("schemas/avazu.yaml").label
+        'click'
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise SchemaError("schema file not found", where=str(path),
+                          hint="pass --schema schemas/criteo.yaml or another schema YAML")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SchemaError(f"invalid YAML: {exc}", where=str(path)) from exc
+    return Schema.from_dict(data, where=str(path))

@@ -1,0 +1,201 @@
+"""Column transforms as polars expressions: parse, validate, transform, encode.
+
+Every raw column is read as a string (null when empty), so that one bad value marks its row
+instead of failing the whole read. Each feature gives two expressions: its parsed value and a
+boolean "this raw value is malformed". A row's bad reason is the first that applies, in the
+order of :data:`BAD_REASONS`.
+
+Sparse features go through two steps: :func:`sparse_key` parses the raw value into a *key*
+(an unsigned int for hex, a signed int for int, the string itself for string), and
+:func:`encode_hash` / the vocabulary join turn keys into ids in ``[0, num_embeddings)``.
+
+Example:
+    >>> value, bad = dense_value(column)     # column: a schema Column with role dense
+    >>> lf.select(value.alias(column.name), bad.alias("bad"))
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ctrctl.data.schema import DERIVED_SIZES, Column, Schema
+
+#: Bad-row reasons in priority order; a row's code is 1 + the index of its first reason.
+BAD_REASONS: tuple[str, ...] = ("too_many_fields", "bad_label", "bad_dense", "bad_sparse")
+#: The extra column that is non-null only on rows with more fields than the schema.
+EXTRA = "__extra"
+#: The 0-based row number within an input (a line number once the header is added).
+ROW = "__row"
+#: The bad-reason code of a row (0 = good).
+BAD = "__bad"
+#: The split a row goes to, when inputs are divided at random.
+SPLIT = "__split"
+#: Polars' string hash is stable within a polars version only; the seed is fixed.
+STRING_HASH_SEED = 0
+
+
+def label_value(column: Column) -> tuple[pl.Expr, pl.Expr]:
+    """(label as int8, malformed): the label must be exactly "0" or "1"."""
+    raw = pl.col(column.name)
+    value = (raw == "1").cast(pl.Int8)
+    bad = ~raw.is_in(["0", "1"]).fill_null(False)
+    return value, bad
+
+
+def _parse_number(raw: pl.Expr, value_type: str) -> pl.Expr:
+    if value_type == "int":
+        return raw.str.to_integer(strict=False).cast(pl.Float64)
+    return raw.cast(pl.Float64, strict=False)
+
+
+def dense_value(column: Column) -> tuple[pl.Expr, pl.Expr]:
+    """(transformed float32 value, malformed) of a dense column.
+
+    log1p: missing -> ``fill``, negatives -> 0, then log(x + 1) (the DLRM convention);
+    none: missing -> ``fill``; clip: missing -> ``fill``, then clipped to ``clip``.
+    """
+    raw = pl.col(column.name)
+    parsed = _parse_number(raw, column.value_type)
+    bad = parsed.is_null() & raw.is_not_null()
+    if column.value_type == "float":
+        bad = bad | parsed.is_nan() | parsed.is_infinite()
+    value = parsed.fill_null(column.fill)
+    if column.transform == "log1p":
+        value = value.clip(lower_bound=0.0).log1p()
+    elif column.transform == "clip":
+        assert column.clip is not None
+        value = value.clip(column.clip[0], column.clip[1])
+    return value.cast(pl.Float32), bad
+
+
+def _parse_key(raw: pl.Expr, value_type: str) -> pl.Expr:
+    if value_type == "hex":
+        return raw.str.to_integer(base=16, dtype=pl.UInt64, strict=False)
+    if value_type == "int":
+        return raw.str.to_integer(strict=False)
+    return raw
+
+
+def sparse_key(column: Column) -> tuple[pl.Expr, pl.Expr]:
+    """(key, malformed) of a sparse column: a scalar key, or a list of keys if multi-hot.
+
+    A multi-hot field is split on its separator; empty elements are dropped and a missing
+    field is an empty list.
+    """
+    raw = pl.col(column.name)
+    kind = column.value_type
+    if column.multi_hot_separator is None:
+        key = _parse_key(raw, kind)
+        if kind == "string":
+            return key, pl.lit(False)
+        return key, key.is_null() & raw.is_not_null()
+    parts = raw.fill_null("").str.split(column.multi_hot_separator).list.eval(
+        pl.element().filter(pl.element() != "")
+    )
+    if kind == "string":
+        return parts, pl.lit(False)
+    keys = parts.list.eval(_parse_key(pl.element(), kind))
+    bad = keys.list.eval(pl.element().is_null()).list.any()
+    return keys, bad
+
+
+def derived_key(column: Column, kind: str) -> tuple[pl.Expr, pl.Expr]:
+    """(value, malformed) of a feature derived from a timestamp column."""
+    assert column.derive is not None
+    raw = pl.col(column.name)
+    stamp = raw.str.strptime(pl.Datetime, column.derive.format, strict=False)
+    if kind == "hour_of_day":
+        value = stamp.dt.hour()
+    elif kind == "weekday":
+        value = stamp.dt.weekday()
+    else:
+        value = stamp.dt.day()
+    return value.cast(pl.Int64), stamp.is_null() & raw.is_not_null()
+
+
+def _hash_one(key: pl.Expr, kind: str, size: int) -> pl.Expr:
+    if kind == "string":
+        key = key.hash(seed=STRING_HASH_SEED)
+    # polars' % is a floor modulo: a negative int key still lands in [0, size).
+    return (key % size).cast(pl.Int64)
+
+
+def encode_hash(name: str, kind: str, size: int, multi_hot: bool) -> pl.Expr:
+    """Ids of hashed feature ``name`` (keys in that column): key mod ``size``, missing -> 0."""
+    key = pl.col(name)
+    if multi_hot:
+        return key.list.eval(_hash_one(pl.element(), kind, size)).alias(name)
+    return _hash_one(key, kind, size).fill_null(0).alias(name)
+
+
+def bad_code(reasons: dict[str, list[pl.Expr]]) -> pl.Expr:
+    """The row's bad code: 1 + index of its first reason in :data:`BAD_REASONS`, else 0."""
+    code: pl.Expr | None = None
+    chain = None
+    for index, reason in enumerate(BAD_REASONS):
+        exprs = reasons.get(reason, [])
+        if not exprs:
+            continue
+        flag = pl.any_horizontal(exprs) if len(exprs) > 1 else exprs[0]
+        if chain is None:
+            chain = pl.when(flag).then(pl.lit(index + 1, pl.UInt8))
+        else:
+            chain = chain.when(flag).then(pl.lit(index + 1, pl.UInt8))
+    code = pl.lit(0, pl.UInt8) if chain is None else chain.otherwise(pl.lit(0, pl.UInt8))
+    return code.alias(BAD)
+
+
+def parsed_columns(schema: Schema) -> tuple[list[pl.Expr], pl.Expr]:
+    """The expressions from raw string columns to parsed ones, and the row's bad code.
+
+    Output columns: label (int8), dense (float32, transformed), sparse keys (see
+    :func:`sparse_key`), derived keys; in the dataset's column order.
+    """
+    label = next(c for c in schema.columns if c.role == "label")
+    value, bad = label_value(label)
+    out = [value.alias(label.name)]
+    reasons: dict[str, list[pl.Expr]] = {
+        "too_many_fields": [pl.col(EXTRA).is_not_null()],
+        "bad_label": [bad],
+        "bad_dense": [],
+        "bad_sparse": [],
+    }
+    for column in schema.dense:
+        value, bad = dense_value(column)
+        out.append(value.alias(column.name))
+        reasons["bad_dense"].append(bad)
+    for column in schema.sparse:
+        value, bad = sparse_key(column)
+        out.append(value.alias(column.name))
+        reasons["bad_sparse"].append(bad)
+    for column, name, kind in schema.derived_features():
+        value, bad = derived_key(column, kind)
+        out.append(value.alias(name))
+        reasons["bad_sparse"].append(bad)
+    return out, bad_code(reasons)
+
+
+def sparse_kinds(schema: Schema) -> dict[str, tuple[str, int | None, bool]]:
+    """Feature -> (key kind, hash size or None for vocabulary mode, multi-hot)."""
+    kinds: dict[str, tuple[str, int | None, bool]] = {
+        c.name: (c.value_type, c.hash_size, c.multi_hot_separator is not None)
+        for c in schema.sparse
+    }
+    for _, name, kind in schema.derived_features():
+        kinds[name] = ("int", DERIVED_SIZES[kind], False)
+    return kinds
+
+
+def random_unit(row: pl.Expr, stream: int, seed: int) -> pl.Expr:
+    """A uniform float in [0, 1) per row from (seed, stream, row): splitmix64 finalizer.
+
+    Pure integer arithmetic (UInt64 wraps), so the split is identical across machines and
+    polars versions, unlike ``Expr.hash``.
+    """
+    mask = 2**64 - 1
+    base = (seed * 0x9E3779B97F4A7C15 + stream * 0xD1B54A32D192ED03) & mask
+    z = row.cast(pl.UInt64) * pl.lit(0x9E3779B97F4A7C15, pl.UInt64) + pl.lit(base, pl.UInt64)
+    z = (z ^ (z // 2**30)) * pl.lit(0xBF58476D1CE4E5B9, pl.UInt64)
+    z = (z ^ (z // 2**27)) * pl.lit(0x94D049BB133111EB, pl.UInt64)
+    z = z ^ (z // 2**31)
+    return (z // 2**11).cast(pl.Float64) * (1.0 / 2**53)
