@@ -15,7 +15,7 @@ import typer
 from ctrctl.errors import CtrctlError
 
 #: Subcommand modules under ctrctl/cli/, in the order of the pipeline.
-COMMANDS: tuple[str, ...] = ("synth",)
+COMMANDS: tuple[str, ...] = ("synth", "preprocess")
 
 app = typer.Typer(
     name="ctrctl",

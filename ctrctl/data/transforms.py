@@ -103,7 +103,11 @@ def derived_key(column: Column, kind: str) -> tuple[pl.Expr, pl.Expr]:
     """(value, malformed) of a feature derived from a timestamp column."""
     assert column.derive is not None
     raw = pl.col(column.name)
-    stamp = raw.str.strptime(pl.Datetime, column.derive.format, strict=False)
+    text, fmt = raw, column.derive.format
+    if "%H" in fmt and "%M" not in fmt:
+        # polars wants minutes beside hours (YYMMDDHH has none): append a zero minute.
+        text, fmt = raw + "00", fmt + "%M"
+    stamp = text.str.strptime(pl.Datetime, fmt, strict=False)
     if kind == "hour_of_day":
         value = stamp.dt.hour()
     elif kind == "weekday":

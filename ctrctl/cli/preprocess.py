@@ -1,0 +1,69 @@
+"""``ctrctl preprocess``: raw click logs to a dataset folder (Parquet splits + manifest)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ctrctl.cli.common import (
+    Experiment,
+    NoTrack,
+    OutDir,
+    Overwrite,
+    TrackingUri,
+    console,
+    make_progress,
+    tracker_from,
+)
+
+
+def preprocess_command(
+    out: OutDir,
+    inputs: Annotated[list[str], typer.Option(
+        "--input", "-i", help="[SPLIT=]PATH of a raw log (plain or .gz); repeat it. SPLIT is "
+        "train, val or test; without one the file goes to train, or is divided by --split-ratio.")],
+    schema: Annotated[Path | None, typer.Option(
+        help="Schema YAML (schemas/criteo.yaml, schemas/avazu.yaml, ...).")] = None,
+    split_ratio: Annotated[str | None, typer.Option(
+        help="Divide inputs without a split at random: train,val,test fractions, e.g. 0.8,0.1,0.1.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the random split.")] = 0,
+    split_by_day: Annotated[bool, typer.Option(
+        "--split-by-day", help="Criteo 1TB: inputs day_0 ... day_N; day N's first half is val, "
+        "its second half test.")] = False,
+    reuse_transforms: Annotated[Path | None, typer.Option(
+        help="Map ids with this dataset's vocabularies and hash sizes (new logs to score).")] = None,
+    on_bad_rows: Annotated[str, typer.Option(
+        help="error: stop at the first malformed row; skip: drop and count such rows.")] = "error",
+    overwrite: Overwrite = False,
+    tracking_uri: TrackingUri = None,
+    no_track: NoTrack = False,
+    experiment: Experiment = "ctrctl",
+) -> None:
+    """Preprocess raw logs (Criteo/Avazu or any CSV/TSV/Parquet a schema describes)."""
+    from ctrctl.data.preprocess import preprocess
+
+    manifest = preprocess(
+        schema, inputs, out, split_ratio=split_ratio, seed=seed, split_by_day=split_by_day,
+        reuse_transforms=reuse_transforms, on_bad_rows=on_bad_rows,  # type: ignore[arg-type]
+        overwrite=overwrite, progress=make_progress(),
+        tracker=tracker_from(no_track, tracking_uri, experiment),
+    )
+    table = Table(title=f"dataset {out}")
+    for name in ("split", "rows", "label rate", "files"):
+        table.add_column(name, justify="right" if name != "split" else "left")
+    for split, info in manifest.splits.items():
+        table.add_row(split, f"{info.rows:,}", f"{info.label_rate:.4f}", str(len(info.files)))
+    console.print(table)
+    bad = {k: v for k, v in manifest.bad_rows.items() if v}
+    if bad:
+        console.print("skipped rows: " + ", ".join(f"{k} {v:,}" for k, v in bad.items()))
+    sizes = manifest.table_sizes()
+    console.print(f"{len(manifest.dense)} dense, {len(sizes)} sparse features, "
+                  f"{sum(sizes.values()):,} embedding rows")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("preprocess")(preprocess_command)
