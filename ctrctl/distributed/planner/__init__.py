@@ -1,0 +1,56 @@
+"""The sharding planner: choose a sharding type, kernel and ranks for every table.
+
+Pure (no processes, no devices): tables + topology + constraints -> cost model -> search ->
+:class:`ctrctl.distributed.types.ShardingPlan` (``plan.json``). See ``planner.py`` for the
+pipeline, ``estimators.py`` for the cost model, ``calibration.py`` for measuring this
+machine.
+
+Example:
+    >>> from ctrctl.distributed.planner import EmbeddingShardingPlanner, TableSpec, Topology
+    >>> topo = Topology.preset("h100", world_size=64, local_world_size=8)
+    >>> result = EmbeddingShardingPlanner(topo, batch_size=512).plan(
+    ...     [TableSpec("C1", 40_000_000, 128), TableSpec("C2", 39_060, 128)])
+    >>> result.plan.save("plan.json")
+"""
+
+from __future__ import annotations
+
+from ctrctl.distributed.planner.capacity import (
+    SweepPoint,
+    smallest_world_size,
+    sweep_world_sizes,
+)
+from ctrctl.distributed.planner.planner import (
+    EmbeddingShardingPlanner,
+    PlanResult,
+    plan_tables,
+    rate_plan,
+)
+from ctrctl.distributed.planner.stats import plan_summary, rank_rows, table_rows
+from ctrctl.distributed.planner.tables import (
+    tables_from_dict,
+    tables_from_manifest,
+    tables_from_yaml,
+)
+from ctrctl.distributed.planner.topology import Topology
+from ctrctl.distributed.planner.types import ShardingOption, TableConstraints, TableSpec
+
+__all__ = [
+    "EmbeddingShardingPlanner",
+    "PlanResult",
+    "ShardingOption",
+    "SweepPoint",
+    "TableConstraints",
+    "TableSpec",
+    "Topology",
+    "plan_summary",
+    "plan_tables",
+    "rank_rows",
+    "rate_plan",
+    "smallest_world_size",
+    "sweep_world_sizes",
+    "table_rows",
+    "tables_from_dict",
+    "tables_from_manifest",
+    "tables_from_yaml",
+]

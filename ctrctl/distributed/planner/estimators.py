@@ -1,0 +1,225 @@
+"""The storage and cost model: bytes each shard needs and seconds it costs per step.
+
+Per shard, with ``B`` the batch per rank, ``W`` ranks (``L`` per host), ``G = B * W`` samples
+in a step, pooling factor ``P``, ``c`` columns, ``s`` bytes per element:
+
+* **lookup (forward compute)**: the shard reads its ids (``n_ids * 8`` bytes), the rows they
+  name (``n_ids * c * s``) and writes one pooled vector per sample it serves
+  (``n_out * c * s``), all over the kernel's memory bandwidth. Table-wise and column-wise
+  shards see every sample's ids (``n_ids = G * P``); row-wise shards see their share of the
+  ids (``G * P * rows / num_embeddings``) but write partial sums for all ``G`` samples;
+  data-parallel replicas serve their own ``B`` samples.
+* **backward + fused update**: ``bwd_compute_factor`` x forward (TorchRec's 2), or the
+  measured backward bandwidth after calibration. Data-parallel adds a dense optimizer pass
+  over the whole table.
+* **communication**: bytes over the link bandwidth, mixing intra- and inter-host links by
+  the share of peers on the same host. Table-/column-wise: all-to-all of ids and pooled
+  vectors (and gradients back). Row-wise: ids all-to-all, pooled partial sums
+  reduce-scattered, gradients all-gathered. Table-row-wise: reduce-scatter inside the host,
+  then all-to-all across hosts. Data-parallel: a ring all-reduce of the table's gradient.
+* **storage**: weights + optimizer state (none for SGD, one float per row for row-wise
+  Adagrad, 1x for Adagrad, 2x for Adam) + input/output buffers for two batches in flight
+  (the train pipeline overlaps the next batch's input distribution). Cached kernels keep
+  ``cache_load_factor`` of weights and state on the device and all of it in host memory.
+
+Example:
+    >>> price(option, topology, batch_size=512)   # fills option.fwd_compute, .hbm, ...
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ctrctl.distributed.planner.topology import Topology
+from ctrctl.distributed.planner.types import INDEX_BYTES, OPTIMIZER_STATE, ShardingOption
+from ctrctl.distributed.types import ComputeKernel, ShardingType
+
+#: Batches whose input/output buffers are alive at once in the train pipeline.
+PIPELINE_DEPTH = 2
+# FBGEMM's GPU kernels process 128-wide rows per warp; narrower rows leave lanes idle.
+# TorchRec measured these penalties for half and quarter blocks.
+_HALF_BLOCK_PENALTY = 1.15
+_QUARTER_BLOCK_PENALTY = 1.75
+
+
+def _interp_by_dim(table: dict[str, float], cols: np.ndarray) -> np.ndarray:
+    """A measured figure per dim, interpolated in log2(dim) (held flat outside the range)."""
+    dims = np.array(sorted(int(k) for k in table), dtype=np.float64)
+    values = np.array([table[str(int(d))] for d in dims], dtype=np.float64)
+    return np.interp(np.log2(np.maximum(cols, 1)), np.log2(dims), values)
+
+
+def kernel_bandwidth(topology: Topology, kernel: str, cols: np.ndarray,
+                     cache_load_factor: float | None, backward: bool = False) -> np.ndarray:
+    """Effective bytes/s of the lookup (or backward) kernel on shards ``cols`` wide."""
+    cols = np.asarray(cols, dtype=np.float64)
+    if cols.size > 1 and cols[0] == cols[-1] and (cols == cols[0]).all():
+        # Most options have equal blocks: one value broadcasts over all of them.
+        return kernel_bandwidth(topology, kernel, cols[:1], cache_load_factor, backward)
+    measured = topology.kernel_bwd_bw if backward else topology.kernel_fwd_bw
+    if measured:
+        base = _interp_by_dim(measured, cols)
+    else:
+        peak = topology.ddr_bw if topology.device == "cpu" else topology.hbm_bw
+        base = np.full(cols.shape, peak)
+        if topology.device == "cuda":
+            base = base / np.where(cols >= 128, 1.0,
+                                   np.where(cols >= 64, _HALF_BLOCK_PENALTY,
+                                            _QUARTER_BLOCK_PENALTY))
+        if backward:
+            base = base / topology.bwd_compute_factor
+    if topology.device == "cpu":
+        return base * (0.5 if kernel == ComputeKernel.DENSE.value else 1.0)
+    ratio = base / topology.hbm_bw  # the kernel's efficiency, carried to slower memories
+    if kernel == ComputeKernel.FUSED_UVM_CACHING.value:
+        clf = topology.cache_load_factor if cache_load_factor is None else cache_load_factor
+        return ratio * (clf * topology.hbm_bw + (1 - clf) * topology.hbm_to_ddr_bw)
+    if kernel == ComputeKernel.FUSED_UVM.value:
+        return ratio * topology.hbm_to_ddr_bw
+    if kernel == ComputeKernel.DENSE.value:
+        return base * 0.5
+    return base
+
+
+@dataclass
+class _Terms:
+    """What a shard moves, independent of the kernel: bytes and communication seconds."""
+
+    lookup_bytes: np.ndarray
+    update_bytes: np.ndarray | None
+    fwd_comms: np.ndarray
+    bwd_comms: np.ndarray
+    weights_state: np.ndarray
+    io: np.ndarray
+
+
+def _terms(option: ShardingOption, topology: Topology, batch_size: int) -> _Terms:
+    table = option.table
+    kind = ShardingType(option.sharding_type)
+    world, local = topology.world_size, topology.local_world_size
+    rows = option.rows.astype(np.float64)
+    cols = option.cols.astype(np.float64)
+    s = float(table.element_bytes)
+    pooling = float(table.pooling_factor)
+    global_batch = float(batch_size) * world
+    # Share of a rank's peers on its own host: how much of an all-to-all stays local.
+    local_share = (local - 1) / (world - 1) if world > 1 else 1.0
+    remote = (world - 1) / world  # share of a rank's traffic that leaves it at all
+    zeros = np.zeros_like(rows)
+
+    if kind is ShardingType.DATA_PARALLEL:
+        n_ids = np.full_like(rows, batch_size * pooling)
+        n_out = np.full_like(rows, float(batch_size))
+    elif kind in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+        n_ids = global_batch * pooling * rows / table.num_embeddings
+        n_out = np.full_like(rows, global_batch)
+    else:
+        n_ids = np.full_like(rows, global_batch * pooling)
+        n_out = np.full_like(rows, global_batch)
+    ids_bytes = n_ids * INDEX_BYTES
+    out_bytes = n_out * cols * s
+    lookup_bytes = ids_bytes + n_ids * cols * s + out_bytes
+    per_row, per_element = OPTIMIZER_STATE[table.optimizer]
+    update_bytes = None
+
+    if kind is ShardingType.DATA_PARALLEL:
+        # Dense update: read weight and gradient, write weight, read+write each state.
+        update_bytes = rows * cols * s * 3 + 8 * rows * (per_row + per_element * cols)
+    if world == 1:
+        fwd_comms, bwd_comms = zeros, zeros
+    elif kind is ShardingType.DATA_PARALLEL:
+        fwd_comms = zeros
+        # Ring all-reduce: each rank sends and receives 2 (W-1)/W of the gradient; across
+        # hosts the ring's slowest hop is the inter-host link.
+        ring_bw = topology.comm_bw("all_reduce", 1.0 if topology.num_hosts == 1 else 0.0)
+        bwd_comms = 2 * remote * rows * cols * s / ring_bw
+    elif kind is ShardingType.TABLE_ROW_WISE:
+        a2a = topology.comm_bw("all_to_all", local_share)
+        intra = topology.comm_bw("reduce_scatter", 1.0)
+        inter = topology.comm_bw("all_to_all", 0.0)
+        host_remote = (world - local) / world
+        per_dir = out_bytes * (local - 1) / local / intra + out_bytes / local * host_remote / inter
+        fwd_comms = ids_bytes * remote / a2a + per_dir
+        bwd_comms = per_dir
+    elif kind is ShardingType.ROW_WISE:
+        fwd_comms = (ids_bytes * remote / topology.comm_bw("all_to_all", local_share)
+                     + out_bytes * remote / topology.comm_bw("reduce_scatter", local_share))
+        bwd_comms = out_bytes * remote / topology.comm_bw("all_gather", local_share)
+    else:
+        a2a = topology.comm_bw("all_to_all", local_share)
+        fwd_comms = (ids_bytes + out_bytes) * remote / a2a
+        bwd_comms = out_bytes * remote / a2a
+
+    weights = rows * cols * s
+    state = 4.0 * (rows * per_row + rows * cols * per_element)
+    io = PIPELINE_DEPTH * (ids_bytes + 2 * out_bytes)  # ids, pooled output and its gradient
+    if kind is ShardingType.DATA_PARALLEL:
+        io = io + weights  # the dense gradient of the replica
+    return _Terms(lookup_bytes, update_bytes, fwd_comms, bwd_comms, weights + state, io)
+
+
+def _apply_kernel(option: ShardingOption, terms: _Terms, topology: Topology) -> None:
+    kernel, clf = option.compute_kernel, option.cache_load_factor
+    cols = option.cols
+    option.fwd_compute = terms.lookup_bytes / kernel_bandwidth(topology, kernel, cols, clf)
+    bwd_bw = kernel_bandwidth(topology, kernel, cols, clf, backward=True)
+    option.bwd_compute = terms.lookup_bytes / bwd_bw
+    if terms.update_bytes is not None:
+        option.bwd_compute = option.bwd_compute + terms.update_bytes / bwd_bw
+    option.fwd_comms, option.bwd_comms = terms.fwd_comms, terms.bwd_comms
+    zeros = np.zeros_like(terms.io)
+    if topology.device == "cpu":
+        hbm, ddr = zeros, terms.weights_state + terms.io
+    elif kernel == ComputeKernel.FUSED_UVM_CACHING.value:
+        clf_value = topology.cache_load_factor if clf is None else clf
+        hbm, ddr = clf_value * terms.weights_state + terms.io, terms.weights_state
+    elif kernel == ComputeKernel.FUSED_UVM.value:
+        hbm, ddr = terms.io, terms.weights_state
+    else:
+        hbm, ddr = terms.weights_state + terms.io, zeros
+    option.hbm, option.ddr = np.ceil(hbm), np.ceil(ddr)
+    option.finish_pricing()
+
+
+def price(option: ShardingOption, topology: Topology, batch_size: int) -> ShardingOption:
+    """Fill ``option``'s per-shard cost (seconds per step) and storage (bytes); returns it.
+
+    Args:
+        option: an option with its geometry (rows, cols) set.
+        topology: the ranks it runs on.
+        batch_size: samples per rank per step.
+    """
+    _apply_kernel(option, _terms(option, topology, batch_size), topology)
+    return option
+
+
+def price_kernels(options: list[ShardingOption], topology: Topology, batch_size: int
+                  ) -> list[ShardingOption]:
+    """Price options that share one geometry and differ only in kernel (one pass over the
+    geometry)."""
+    if options:
+        terms = _terms(options[0], topology, batch_size)
+        for option in options:
+            _apply_kernel(option, terms, topology)
+    return options
+
+
+def step_overhead(sharding_types: set[str], topology: Topology) -> float:
+    """Fixed per-step latency of the collectives a plan uses (the same on every rank).
+
+    Tables of one sharding type share their collectives, so each type in use adds its own
+    calls: input ids and outputs forward, gradients backward.
+    """
+    if topology.world_size == 1:
+        return 0.0
+    calls = {ShardingType.DATA_PARALLEL.value: 1, ShardingType.TABLE_ROW_WISE.value: 4}
+    return topology.collective_latency_s * sum(calls.get(t, 3) for t in sharding_types)
+
+
+def lower_bound_step_time(options: list[list[ShardingOption]], world_size: int) -> float:
+    """No plan is faster than the cheapest total work spread perfectly over the ranks."""
+    total = sum(min((o.total_cost for o in opts), default=0.0) for opts in options)
+    return total / max(world_size, 1) if math.isfinite(total) else math.inf

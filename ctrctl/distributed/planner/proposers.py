@@ -1,0 +1,246 @@
+"""Search: choose one option per table and place it, minimising the slowest rank.
+
+Two stages, both deterministic:
+
+1. :class:`GreedyProposer` walks the tables from the most to the least expensive (or the
+   largest first when memory is tight) and gives each the option and placement with the best
+   *bound* on the final slowest rank: ``max(new slowest touched rank, (work so far + this
+   option + the cheapest work still to place) / world_size)``. Early on the average term
+   dominates, so cheap table-wise options win (LPT scheduling); once a table would stick out
+   above the average, row- or column-wise options that spread it win instead.
+2. :func:`improve` (local search) repeatedly looks at the slowest rank and tries to bring
+   it down: re-place one of its tables with any of that table's options (a move, or a change
+   of sharding type or kernel) or swap one of its table-wise shards with a cheaper one on a
+   lightly loaded rank. A change is kept only when every rank it touches ends strictly
+   below the old maximum, so each step lowers the maximum or the number of ranks at it.
+
+TorchRec's greedy proposer picks each table's fastest option and places it; the bound and
+the local search are what this planner adds.
+
+Example:
+    >>> placements = GreedyProposer(topology).propose(options)
+    >>> placements = improve(placements, options, topology)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from ctrctl.distributed.planner.partitioners import RankState, best_placement
+from ctrctl.distributed.planner.topology import Topology
+from ctrctl.distributed.planner.types import Placement, Proposer, ShardingOption
+from ctrctl.distributed.types import ShardingType
+
+logger = logging.getLogger(__name__)
+
+#: Relative tolerance under which two loads count as equal.
+_EPS = 1e-9
+
+
+@dataclass
+class Failure:
+    """Why greedy placement stopped: the table that found no room, and the state then."""
+
+    table_index: int
+    state: RankState
+
+
+def _candidates(options: list[ShardingOption], state: RankState, world: int,
+                remaining: float, current_max: float
+                ) -> tuple[tuple[float, float, float], Placement] | None:
+    """The best placement over ``options`` by the bound, or None when none fits."""
+    best: tuple[tuple[float, float, float], Placement] | None = None
+    feasible_shapes: set[tuple[str, int]] = set()
+    for option in options:
+        shape = (option.sharding_type, option.num_shards)
+        if shape in feasible_shapes:
+            continue  # a faster kernel already fits this shape
+        placement = best_placement(state, option)
+        if placement is None:
+            continue
+        feasible_shapes.add(shape)
+        touched = _touched_max(state, placement)
+        bound = max(current_max, touched,
+                    (state.total + option.total_cost + remaining) / world)
+        score = (bound, option.total_cost, touched)
+        if best is None or score < best[0]:
+            best = (score, placement)
+    return best
+
+
+def _touched_max(state: RankState, placement: Placement) -> float:
+    """The highest load among the ranks ``placement`` touches, once it is added."""
+    option, ranks = placement.option, placement.ranks
+    if option.fixed_ranks is not None:  # distinct ranks
+        return float((state.load[ranks] + option.cost).max())
+    if option.num_shards == 1:
+        return float(state.load[ranks[0]] + option.cost[0])
+    unique, inverse = np.unique(ranks, return_inverse=True)
+    return float((state.load[unique] + np.bincount(inverse, weights=option.cost)).max())
+
+
+class GreedyProposer(Proposer):
+    """One pass over the tables, each placed where the bound on the slowest rank is lowest.
+
+    Args:
+        topology: the ranks.
+        order: ``cost`` (most expensive table first) or ``memory`` (largest first).
+    """
+
+    def __init__(self, topology: Topology, order: str = "cost"):
+        self.topology = topology
+        self.order = order
+        self.failure: Failure | None = None
+
+    def propose(self, options: list[list[ShardingOption]]) -> list[Placement] | None:
+        world = self.topology.world_size
+        state = RankState(self.topology)
+        cheapest = [min((o.total_cost for o in opts), default=0.0) for opts in options]
+        smallest = [min((o.storage_bytes for o in opts), default=0.0) for opts in options]
+        key = cheapest if self.order == "cost" else smallest
+        order = sorted(range(len(options)), key=lambda i: (-key[i], i))
+        remaining = float(sum(cheapest))
+        placements: list[Placement | None] = [None] * len(options)
+        current_max = 0.0
+        for index in order:
+            remaining -= cheapest[index]
+            best = _candidates(options[index], state, world, remaining, current_max)
+            if best is None:
+                self.failure = Failure(index, state)
+                return None
+            placement = best[1]
+            state.add(placement)
+            current_max = max(current_max, float(state.load[placement.ranks].max()))
+            placements[index] = placement
+        self.failure = None
+        return [p for p in placements if p is not None]
+
+
+def improve(placements: list[Placement], options: list[list[ShardingOption]],
+            topology: Topology, max_rounds: int | None = None) -> list[Placement]:
+    """Local search on the slowest rank (see the module docstring); returns new placements.
+
+    Args:
+        placements: one per table, as a proposer returned them.
+        options: every table's options (same order).
+        topology: the ranks.
+        max_rounds: cap on improving steps (default: 4 per table, at least 200).
+    """
+    placements = list(placements)
+    state = RankState(topology)
+    for placement in placements:
+        state.add(placement)
+    rounds = max_rounds if max_rounds is not None else max(200, 4 * len(placements))
+    # Which tables touch which rank: tables with a few shards by rank, spread ones apart.
+    by_rank: dict[int, set[int]] = {}
+    spread: set[int] = set()
+
+    def index_add(i: int) -> None:
+        p = placements[i]
+        if p.option.fixed_ranks is not None and not p.option.host_local:
+            spread.add(i)
+        else:
+            for r in set(p.ranks.tolist()):
+                by_rank.setdefault(r, set()).add(i)
+
+    def index_remove(i: int) -> None:
+        spread.discard(i)
+        for r in set(placements[i].ranks.tolist()):
+            by_rank.get(r, set()).discard(i)
+
+    for i in range(len(placements)):
+        index_add(i)
+
+    for _ in range(rounds):
+        slowest = int(np.argmax(state.load))
+        top = float(state.load[slowest])
+        limit = top * (1 - _EPS) - 1e-15
+        tables = sorted(by_rank.get(slowest, set()) | {i for i in spread
+                                                        if slowest in placements[i].ranks},
+                        key=lambda i: (-float(placements[i].option.cost[
+                            placements[i].ranks == slowest].sum()), i))
+        changed = False
+        for i in tables:
+            old = placements[i]
+            state.remove(old)
+            best: tuple[tuple[float, float], Placement] | None = None
+            for option in options[i]:
+                found = best_placement(state, option)
+                if found is None:
+                    continue
+                placement = found
+                after = state.load.copy()
+                np.add.at(after, placement.ranks, option.cost)
+                touched = float(after[placement.ranks].max())
+                if touched >= limit or after[slowest] >= limit:
+                    continue
+                score = (touched, option.total_cost)
+                if best is None or score < best[0]:
+                    best = (score, placement)
+            if best is None:
+                state.add(old)
+                continue
+            index_remove(i)
+            placements[i] = best[1]
+            state.add(best[1])
+            index_add(i)
+            changed = True
+            break
+        if not changed:
+            changed = _swap(state, placements, by_rank, slowest, limit, index_add,
+                            index_remove)
+        if not changed:
+            break
+    return placements
+
+
+def _swap(state: RankState, placements: list[Placement], by_rank: dict[int, set[int]],
+          slowest: int, limit: float, index_add: object, index_remove: object) -> bool:
+    """Swap a table-wise table on the slowest rank with a cheaper one on a light rank."""
+    table_wise = ShardingType.TABLE_WISE.value
+    mine = [i for i in sorted(by_rank.get(slowest, set()))
+            if placements[i].option.sharding_type == table_wise]
+    if not mine:
+        return False
+    light = np.argsort(state.load, kind="stable")[:8]
+    for a in sorted(mine, key=lambda i: -float(placements[i].option.cost[0])):
+        pa = placements[a]
+        ca = float(pa.option.cost[0])
+        for q in light.tolist():
+            if q == slowest:
+                continue
+            for b in sorted(by_rank.get(q, set())):
+                pb = placements[b]
+                if pb.option.sharding_type != table_wise:
+                    continue
+                cb = float(pb.option.cost[0])
+                if cb >= ca:
+                    continue
+                if state.load[slowest] - ca + cb >= limit or state.load[q] - cb + ca >= limit:
+                    continue
+                hbm_ok = (state.hbm[slowest] - pa.option.hbm[0] + pb.option.hbm[0]
+                          <= state.hbm_cap[slowest]
+                          and state.hbm[q] - pb.option.hbm[0] + pa.option.hbm[0]
+                          <= state.hbm_cap[q])
+                ddr_ok = (state.ddr[slowest] - pa.option.ddr[0] + pb.option.ddr[0]
+                          <= state.ddr_cap[slowest]
+                          and state.ddr[q] - pb.option.ddr[0] + pa.option.ddr[0]
+                          <= state.ddr_cap[q])
+                pins_ok = all(
+                    not p.option.table.constraints.ranks
+                    or r in p.option.table.constraints.ranks
+                    for p, r in ((pa, q), (pb, slowest)))
+                if not (hbm_ok and ddr_ok and pins_ok):
+                    continue
+                for i, rank in ((a, q), (b, slowest)):
+                    index_remove(i)  # type: ignore[operator]
+                    state.remove(placements[i])
+                    placements[i] = Placement(placements[i].option,
+                                              np.array([rank], dtype=np.int64))
+                    state.add(placements[i])
+                    index_add(i)  # type: ignore[operator]
+                return True
+    return False
