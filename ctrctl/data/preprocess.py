@@ -260,7 +260,8 @@ def preprocess(
             "seconds.total": seconds, "rows_per_s": total / max(seconds, 1e-9),
         })
         run.log_artifact(out / "manifest.json")
-    logger.info("wrote %s: %s rows in %.1f s", out, f"{total:,}", seconds)
+    logger.info("wrote %s: %s rows in %.1f s (%s)", out, f"{total:,}", seconds,
+                ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
     return manifest
 
 
