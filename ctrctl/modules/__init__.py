@@ -1,0 +1,12 @@
+"""Embedding modules on FBGEMM's TBE (with a plain-torch kernel), MLPs, interactions, DLRM.
+
+Example:
+    >>> from ctrctl.modules import EmbeddingBagConfig, EmbeddingBagCollection
+    >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig("t", 100, 8, ["f"])])
+"""
+
+from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
+from ctrctl.modules.embedding_configs import EmbeddingBagConfig
+from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
+
+__all__ = ["BatchedEmbeddingBag", "EmbeddingBagConfig", "EmbeddingOptimizerConfig"]

@@ -156,9 +156,8 @@ class JaggedTensor:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device, non_blocking=non_blocking)
 
-        return JaggedTensor(
-            move(self._values), move(self._weights), move(self._lengths), move(self._offsets)
-        )  # type: ignore[arg-type]
+        values = self._values.to(device, non_blocking=non_blocking)
+        return JaggedTensor(values, move(self._weights), move(self._lengths), move(self._offsets))
 
     def __repr__(self) -> str:
         return f"JaggedTensor(values={self._values}, lengths={self.lengths()})"

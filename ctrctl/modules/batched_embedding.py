@@ -1,0 +1,248 @@
+"""BatchedEmbeddingBag: a list of (rows, dim) tables looked up in one call, optimizer fused.
+
+The building block under EmbeddingBagCollection and under a sharded rank's local shards.
+Input is the TBE layout: all ids of feature 0 first, then feature 1, ... with one offset per
+bag (``T * B + 1`` offsets for T features and batch B). Output is (B, sum of feature dims).
+
+Two kernels with the same semantics: FBGEMM's TBE ("fbgemm") and plain torch ("torch").
+``backend="auto"`` takes FBGEMM when fbgemm_gpu imports and supports the tables, optimizer and
+device, and plain torch otherwise (saying why, once).
+
+Example:
+    >>> bag = BatchedEmbeddingBag([(1000, 16), (50, 8)],
+    ...                           optimizer=EmbeddingOptimizerConfig(lr=0.05))
+    >>> out = bag(indices, offsets)             # (B, 24)
+    >>> out.sum().backward()                    # the rows looked up are updated here
+    >>> bag.split_weights()[1].shape            # torch.Size([50, 8])
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import nn
+
+from ctrctl.compat import fbgemm_available
+from ctrctl.errors import CheckpointError, ConfigError
+from ctrctl.modules.fbgemm_embedding import FbgemmTableBatchedEmbeddingBags, fbgemm_cannot_run
+from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
+from ctrctl.modules.torch_embedding import TorchTableBatchedEmbeddingBags
+
+logger = logging.getLogger(__name__)
+
+Backend = Literal["auto", "fbgemm", "torch"]
+_warned: set[str] = set()
+
+
+def _fbgemm_is_cpu_build() -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("fbgemm-gpu-cpu")
+        return True
+    except PackageNotFoundError:
+        return False
+
+
+def resolve_backend(
+    backend: str,
+    tables: Sequence[tuple[int, int]],
+    optimizer: EmbeddingOptimizerConfig,
+    device: torch.device,
+    data_type: str = "fp32",
+    feature_table_map: Sequence[int] | None = None,
+) -> str:
+    """The kernel ``backend`` means here: "fbgemm" or "torch"."""
+    if backend not in ("auto", "fbgemm", "torch"):
+        raise ConfigError(
+            f"unknown embedding backend {backend!r}",
+            where="BatchedEmbeddingBag",
+            hint="choose auto, fbgemm or torch",
+        )
+    if backend == "torch":
+        if data_type != "fp32":
+            raise ConfigError(
+                f"the plain-torch embedding kernel stores fp32 only, not {data_type}",
+                where="BatchedEmbeddingBag",
+                hint='use data_type="fp32" or backend="fbgemm"',
+            )
+        return "torch"
+    reason = None if fbgemm_available() else "fbgemm_gpu is not available"
+    if reason is None and device.type == "cuda" and _fbgemm_is_cpu_build():
+        reason = "the installed fbgemm_gpu is the CPU build"
+    if reason is None:
+        reason = fbgemm_cannot_run(tables, optimizer, device, feature_table_map)
+    if reason is None:
+        return "fbgemm"
+    if backend == "fbgemm":
+        raise ConfigError(reason, where="BatchedEmbeddingBag", hint='use backend="auto" or "torch"')
+    if data_type != "fp32":
+        raise ConfigError(
+            f"{reason}, and the plain-torch kernel stores fp32 only",
+            where="BatchedEmbeddingBag",
+            hint='use data_type="fp32"',
+        )
+    if reason not in _warned:
+        _warned.add(reason)
+        logger.warning("%s: using the plain-torch embedding kernel", reason)
+    return "torch"
+
+
+class BatchedEmbeddingBag(nn.Module):
+    """Pooled lookups over several tables in one kernel, with a fused optimizer.
+
+    Args:
+        tables: (rows, dim) per table.
+        feature_table_map: the table each feature (block of B bags) looks up; default one
+            feature per table.
+        optimizer: the optimizer fused into backward.
+        pooling: "sum" or "mean".
+        device: where weights and optimizer state live.
+        backend: "auto", "fbgemm" or "torch".
+        data_type: "fp32" (or "fp16", FBGEMM only).
+        weights: optional initial (rows, dim) weight per table; zeros otherwise.
+        bounds_check: FBGEMM's id check, "warning", "fatal" or "none" (ignored by "torch",
+            which raises on a bad id).
+
+    Example:
+        >>> bag = BatchedEmbeddingBag([(10, 4)], feature_table_map=[0, 0], backend="torch")
+        >>> bag(torch.tensor([1, 2, 3]), torch.tensor([0, 1, 1, 3])).shape   # (2, 8)
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[tuple[int, int]],
+        feature_table_map: Sequence[int] | None = None,
+        optimizer: EmbeddingOptimizerConfig | None = None,
+        pooling: str = "sum",
+        device: torch.device | str | None = None,
+        backend: Backend | str = "auto",
+        data_type: str = "fp32",
+        weights: Sequence[torch.Tensor] | None = None,
+        bounds_check: str = "warning",
+    ) -> None:
+        super().__init__()
+        self.optimizer = optimizer or EmbeddingOptimizerConfig()
+        self.device = torch.device(device or "cpu")
+        self.tables = [(int(r), int(d)) for r, d in tables]
+        if not self.tables:
+            raise ConfigError("no tables", where="BatchedEmbeddingBag", hint="give at least one")
+        self.feature_table_map = list(
+            feature_table_map if feature_table_map is not None else range(len(self.tables))
+        )
+        bad = [t for t in self.feature_table_map if not 0 <= t < len(self.tables)]
+        if bad:
+            raise ConfigError(
+                f"feature_table_map names tables {bad} but there are {len(self.tables)}",
+                where="BatchedEmbeddingBag",
+            )
+        self.backend = resolve_backend(
+            backend, self.tables, self.optimizer, self.device, data_type, self.feature_table_map
+        )
+        self.kernel: FbgemmTableBatchedEmbeddingBags | TorchTableBatchedEmbeddingBags
+        if self.backend == "fbgemm":
+            self.kernel = FbgemmTableBatchedEmbeddingBags(
+                self.tables,
+                self.feature_table_map,
+                self.optimizer,
+                pooling,
+                self.device,
+                data_type,
+                bounds_check,
+            )
+        else:
+            self.kernel = TorchTableBatchedEmbeddingBags(
+                self.tables, self.feature_table_map, self.optimizer, pooling, self.device
+            )
+        self.pooling = pooling
+        self.feature_dims = [self.tables[t][1] for t in self.feature_table_map]
+        if weights is not None:
+            self.load_weights(weights)
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Pooled embeddings.
+
+        Args:
+            indices: 1-D int64 ids, feature-major.
+            offsets: (T * B + 1,) bag boundaries, T = len(feature_table_map).
+            per_sample_weights: optional float weight per id (weighted pooling).
+
+        Returns:
+            (B, sum of feature dims), features in ``feature_table_map`` order.
+        """
+        return self.kernel(indices, offsets, per_sample_weights)
+
+    def split_weights(self) -> list[torch.Tensor]:
+        """One (rows, dim) tensor per table: views into the kernel's storage (writes go
+        through; clone them to keep a snapshot)."""
+        return self.kernel.split_weights()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Sequence[torch.Tensor]) -> None:
+        """Copy one (rows, dim) tensor per table into the kernel."""
+        targets = self.split_weights()
+        if len(weights) != len(targets):
+            raise CheckpointError(
+                f"{len(weights)} weights for {len(targets)} tables", where="BatchedEmbeddingBag"
+            )
+        for t, (target, source) in enumerate(zip(targets, weights, strict=True)):
+            if tuple(source.shape) != tuple(target.shape):
+                raise CheckpointError(
+                    f"table {t}: weight of shape {tuple(source.shape)} does not fit "
+                    f"{tuple(target.shape)}",
+                    where="BatchedEmbeddingBag.load_weights",
+                    hint="load a checkpoint made with the same table sizes",
+                )
+            target.copy_(source)
+
+    def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
+        """Per table, the fused optimizer's state (views): {"momentum1": (rows,)} for
+        exact_rowwise_adagrad, {"momentum1": (rows, dim)} for exact_adagrad, {} for exact_sgd."""
+        return self.kernel.split_optimizer_states()
+
+    @torch.no_grad()
+    def load_optimizer_state(self, states: Sequence[dict[str, torch.Tensor]]) -> None:
+        """Copy per-table optimizer state (as :meth:`optimizer_state` returns it)."""
+        targets = self.optimizer_state()
+        if len(states) != len(targets):
+            raise CheckpointError(
+                f"{len(states)} optimizer states for {len(targets)} tables",
+                where="BatchedEmbeddingBag",
+            )
+        for t, (target, source) in enumerate(zip(targets, states, strict=True)):
+            if set(target) != set(source):
+                raise CheckpointError(
+                    f"table {t}: optimizer state has {sorted(source)}, expected {sorted(target)}",
+                    where="BatchedEmbeddingBag.load_optimizer_state",
+                    hint="resume with the same embedding optimizer",
+                )
+            for name, tensor in target.items():
+                if tensor.numel() != source[name].numel():
+                    raise CheckpointError(
+                        f"table {t}: {name} has {source[name].numel()} entries, "
+                        f"expected {tensor.numel()}",
+                        where="BatchedEmbeddingBag.load_optimizer_state",
+                    )
+                tensor.copy_(source[name].reshape(tensor.shape))
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Change the fused optimizer's learning rate (for schedules)."""
+        self.kernel.set_learning_rate(lr)
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self.kernel.learning_rate)
+
+    def extra_repr(self) -> str:
+        return (
+            f"backend={self.backend}, tables={self.tables}, features={len(self.feature_table_map)}, "
+            f"pooling={self.pooling}, optimizer={self.optimizer.kind}"
+        )
