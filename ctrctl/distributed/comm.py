@@ -50,6 +50,10 @@ _ALIVE_KEY = "ctrctl/alive/"
 
 ProcessGroup = Any  # torch.distributed.ProcessGroup; Any keeps mypy quiet across versions
 
+# torch 2.13 renames the tensor forms (the old names warn); older torch has only the old ones.
+_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+_all_gather_tensor = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
 
 # ---- process groups --------------------------------------------------------------------------
 def default_backend(device: torch.device | str | None = None) -> str:
@@ -378,7 +382,7 @@ class _ReduceScatterRows(torch.autograd.Function):
         if len(set(batch_per_rank)) == 1:
             out = partial.new_empty(batch_per_rank[me], partial.size(1))
             with collective("output distribution (reduce-scatter)"):
-                dist.reduce_scatter_tensor(out, partial, group=group)
+                _reduce_scatter_tensor(out, partial, group=group)
             return out
         # Unequal batches: the same sum as an all-to-all of rows plus a local sum.
         width = partial.size(1)
@@ -398,7 +402,7 @@ class _ReduceScatterRows(torch.autograd.Function):
         if len(set(batch_per_rank)) == 1:
             full = grad.new_empty(sum(batch_per_rank), width)
             with collective("backward of the output distribution (all-gather)"):
-                dist.all_gather_into_tensor(full, grad, group=group)
+                _all_gather_tensor(full, grad, group=group)
         else:
             me = dist.get_rank(group)
             world = len(batch_per_rank)
@@ -433,7 +437,7 @@ def all_gather_sizes(value: int, group: ProcessGroup | None = None) -> list[int]
     world = dist.get_world_size(group)
     out = torch.zeros(world, dtype=torch.int64)
     with collective("all-gather of sizes"):
-        dist.all_gather_into_tensor(out, torch.tensor([value], dtype=torch.int64), group=group)
+        _all_gather_tensor(out, torch.tensor([value], dtype=torch.int64), group=group)
     return out.tolist()
 
 

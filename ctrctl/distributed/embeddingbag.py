@@ -1,0 +1,223 @@
+"""ShardedEmbeddingBagCollection and its sharder: an EmbeddingBagCollection cut by a plan.
+
+The sharded collection takes the same input as the unsharded one (a KeyedJaggedTensor of this
+rank's local batch) and returns the same output (a KeyedTensor of pooled embeddings for those
+samples, features in the collection's order). Inside, tables are grouped by sharding type and
+each group runs its input distribution, lookup and output distribution
+(:mod:`ctrctl.distributed.sharding`).
+
+Gradient division: each rank's loss is a mean over its local batch and DDP averages dense
+gradients over ranks, so dense parameters step on the gradient of the mean over the *global*
+batch. Embedding gradients flow back through the output collectives, which sum over source
+ranks; with ``gradient_division`` (the default, as TorchRec) they are scaled by 1/world size so
+that embeddings also see the global-mean gradient, and a sharded model trains exactly as the
+unsharded one on the concatenated batch.
+
+Example:
+    >>> sharder = EmbeddingBagCollectionSharder()
+    >>> sharded = sharder.shard(ebc, plan)          # on every rank, same plan
+    >>> pooled = sharded(kjt)                       # KeyedTensor, (B_local, sum of dims)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ctrctl.distributed.sharding.base import EmbeddingSharding, LocalShard
+from ctrctl.distributed.sharding.common import TableSpec
+from ctrctl.distributed.sharding.cw import CwSharding
+from ctrctl.distributed.sharding.dp import DpSharding
+from ctrctl.distributed.sharding.rw import RwSharding
+from ctrctl.distributed.sharding.tw import TwSharding
+from ctrctl.distributed.sharding.twcw import TwcwSharding
+from ctrctl.distributed.sharding.twrw import TwrwSharding
+from ctrctl.distributed.types import ParameterSharding, ShardingPlan, ShardingType
+from ctrctl.errors import PlanError, SparseInputError
+from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
+from ctrctl.sparse.jagged_tensor import KeyedJaggedTensor
+from ctrctl.sparse.keyed_tensor import KeyedTensor
+from ctrctl.sparse.ops import permute_2d_sparse
+
+#: Sharding type -> the class that implements it (order: the order groups run in).
+SHARDING_CLASSES: dict[str, type[EmbeddingSharding]] = {
+    ShardingType.DATA_PARALLEL.value: DpSharding,
+    ShardingType.TABLE_WISE.value: TwSharding,
+    ShardingType.COLUMN_WISE.value: CwSharding,
+    ShardingType.TABLE_COLUMN_WISE.value: TwcwSharding,
+    ShardingType.ROW_WISE.value: RwSharding,
+    ShardingType.TABLE_ROW_WISE.value: TwrwSharding,
+}
+
+
+class ShardedEmbeddingBagCollection(nn.Module):
+    """An EmbeddingBagCollection whose tables are sharded across the ranks of ``group``.
+
+    Args:
+        tables: the collection's tables, in its order.
+        plan: table name -> :class:`ParameterSharding` (a :class:`ShardingPlan`'s ``tables``).
+        optimizer: the optimizer fused into the lookups' backward.
+        group: the process group (default: the world); every rank builds the same module.
+        gradient_division: scale embedding gradients by 1/world size (see the module docstring).
+
+    Example:
+        >>> sebc = ShardedEmbeddingBagCollection(tables, plan.tables,
+        ...                                      EmbeddingOptimizerConfig(lr=0.05))
+        >>> sebc.load_table_weights({"t0": full_weight})
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[TableSpec],
+        plan: Mapping[str, ParameterSharding],
+        optimizer: EmbeddingOptimizerConfig,
+        group: Any | None = None,
+        gradient_division: bool = True,
+    ) -> None:
+        super().__init__()
+        self.tables = list(tables)
+        self.group = group
+        world = dist.get_world_size(group)
+        missing = [t.name for t in self.tables if t.name not in plan]
+        if missing:
+            raise PlanError(f"tables missing from the plan: {', '.join(missing)}",
+                            hint="plan again for this model")
+        self.feature_names = [f for t in self.tables for f in t.feature_names]
+        self.feature_dims = [t.embedding_dim for t in self.tables for _ in t.feature_names]
+        grad_scale = 1.0 / world if gradient_division else 1.0
+        self.groups = nn.ModuleDict()
+        for kind, cls in SHARDING_CLASSES.items():
+            chosen = [t for t in self.tables if plan[t.name].sharding_type == kind]
+            if chosen:
+                self.groups[kind] = cls(chosen, [plan[t.name] for t in chosen], optimizer,
+                                        group, grad_scale)
+        unknown = {plan[t.name].sharding_type for t in self.tables} - set(SHARDING_CLASSES)
+        if unknown:
+            raise PlanError(f"unknown sharding type(s) {sorted(unknown)}",
+                            hint=f"use one of {list(SHARDING_CLASSES)}")
+        group_features = [f for g in self.groups.values() for f in g.feature_names]
+        position = {f: i for i, f in enumerate(group_features)}
+        group_dims = [d for g in self.groups.values() for d in g.feature_dims]
+        starts = [0]
+        for d in group_dims:
+            starts.append(starts[-1] + d)
+        order = torch.cat([torch.arange(starts[position[f]], starts[position[f] + 1])
+                           for f in self.feature_names])
+        identity = bool(torch.equal(order, torch.arange(order.numel())))
+        self.register_buffer("column_order", None if identity else order, persistent=False)
+
+    # ---- forward ----------------------------------------------------------------------------
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        """Pooled embeddings of this rank's samples: (B_local, sum of the features' dims)."""
+        keys = features.keys()
+        index = {k: i for i, k in enumerate(keys)}
+        absent = [f for f in self.feature_names if f not in index]
+        if absent:
+            raise SparseInputError(f"features {absent} are not in the batch",
+                                   where="ShardedEmbeddingBagCollection",
+                                   hint=f"the batch has {keys}")
+        batch = features.stride()
+        lengths = features.lengths().view(len(keys), batch)
+        values, weights = features.values(), features.weights_or_none()
+        outputs = []
+        for group in self.groups.values():
+            perm = torch.tensor([index[f] for f in group.feature_names], dtype=torch.long)
+            g_len, g_val, g_wt = permute_2d_sparse(perm, lengths, values, weights)
+            outputs.append(group(g_len, g_val, g_wt))                          # (B, D_g)
+        pooled = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        if self.column_order is not None:
+            pooled = pooled.index_select(1, self.column_order)
+        return KeyedTensor(self.feature_names, self.feature_dims, pooled)
+
+    # ---- state ------------------------------------------------------------------------------
+    def local_shards(self) -> list[LocalShard]:
+        """Every shard this rank holds (weights and optimizer state as views)."""
+        return [s for g in self.groups.values() for s in g.local_shards()]
+
+    def data_parallel_parameters(self) -> Iterator[nn.Parameter]:
+        """The replicated (data-parallel) tables: trained by the dense optimizer."""
+        if ShardingType.DATA_PARALLEL.value in self.groups:
+            yield from self.groups[ShardingType.DATA_PARALLEL.value].parameters()
+
+    def fused_lookups(self) -> list[nn.Module]:
+        return [k for g in self.groups.values() for k in g.fused_lookups()]
+
+    def load_table_weights(self, weights: Mapping[str, torch.Tensor],
+                           optimizer_states: Mapping[str, Mapping[str, torch.Tensor]]
+                           | None = None) -> None:
+        """Copy full (unsharded) table weights, and optionally optimizer state, into the shards.
+
+        Args:
+            weights: table name -> (num_embeddings, embedding_dim).
+            optimizer_states: table name -> state name -> full tensor ((rows,) for rowwise
+                accumulators, (rows, dim) for elementwise ones).
+        """
+        with torch.no_grad():
+            for shard in self.local_shards():
+                if shard.table not in weights:
+                    continue
+                m = shard.metadata
+                block = weights[shard.table][m.row_offset:m.row_offset + m.rows,
+                                             m.col_offset:m.col_offset + m.cols]
+                shard.weight.copy_(block)
+                for name, state in (optimizer_states or {}).get(shard.table, {}).items():
+                    if name not in shard.optimizer_state:
+                        continue
+                    rows = state[m.row_offset:m.row_offset + m.rows]
+                    if rows.dim() == 2:
+                        rows = rows[:, m.col_offset:m.col_offset + m.cols]
+                    shard.optimizer_state[name].copy_(rows.reshape(
+                        shard.optimizer_state[name].shape))
+
+    def get_lr(self) -> float | None:
+        lookups = self.fused_lookups()
+        return lookups[0].get_lr() if lookups else None  # type: ignore[operator]
+
+    def set_lr(self, lr: float) -> None:
+        """Set the fused optimizer's learning rate on every lookup (e.g. from a scheduler)."""
+        for lookup in self.fused_lookups():
+            lookup.set_lr(lr)  # type: ignore[operator]
+
+
+class EmbeddingBagCollectionSharder:
+    """Builds a :class:`ShardedEmbeddingBagCollection` from an EmbeddingBagCollection and a plan.
+
+    Args:
+        gradient_division: see :class:`ShardedEmbeddingBagCollection`.
+
+    Example:
+        >>> sharded = EmbeddingBagCollectionSharder().shard(ebc, plan)
+    """
+
+    def __init__(self, gradient_division: bool = True) -> None:
+        self.gradient_division = gradient_division
+
+    def sharding_types(self) -> list[str]:
+        """Every type runs on CPU (gloo) and CUDA (NCCL), row-wise ones included."""
+        return list(SHARDING_CLASSES)
+
+    def shard(self, module: nn.Module, plan: ShardingPlan | Mapping[str, ParameterSharding],
+              group: Any | None = None) -> ShardedEmbeddingBagCollection:
+        """Shard ``module``'s tables per ``plan``, copying its weights (and optimizer state)."""
+        tables = list(module.embedding_bag_configs())  # type: ignore[operator]
+        entries = plan.tables if isinstance(plan, ShardingPlan) else plan
+        if isinstance(plan, ShardingPlan):
+            plan.validate({t.name: (t.num_embeddings, t.embedding_dim) for t in tables},
+                          world_size=dist.get_world_size(group))
+        optimizer = module.optimizer_config  # type: ignore[attr-defined]
+        sharded = ShardedEmbeddingBagCollection(
+            tables, {t.name: entries[t.name] for t in tables}, optimizer, group,
+            self.gradient_division)
+        weights = module.table_weights()  # type: ignore[operator]
+        states = module.table_optimizer_states()  # type: ignore[operator]
+        sharded.load_table_weights(weights, states)
+        if ShardingType.DATA_PARALLEL.value in sharded.groups:
+            dp = sharded.groups[ShardingType.DATA_PARALLEL.value]
+            with torch.no_grad():
+                for table, param in zip(dp.tables, dp.parameters(), strict=True):
+                    param.copy_(weights[table.name])
+        return sharded

@@ -1,0 +1,70 @@
+"""Data-parallel sharding: every rank holds a full replica of the table.
+
+No input distribution: each rank pools its own samples. The tables are plain dense
+parameters (the ``dense`` compute kernel); their gradients are all-reduced with the rest of the
+dense model (DDP in :class:`~ctrctl.distributed.model_parallel.DistributedModelParallel`, or
+:meth:`DpSharding.all_reduce_gradients` when used alone) and the dense optimizer the training
+loop builds over ``dense_parameters()`` updates them, identically on every rank.
+
+Example:
+    >>> group = DpSharding(tables, shardings, EmbeddingOptimizerConfig())
+    >>> out = group(lengths, values, None)          # (B, D), no communication
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ctrctl.distributed import comm
+from ctrctl.distributed.sharding.base import EmbeddingOptimizerConfig, EmbeddingSharding, LocalShard
+from ctrctl.distributed.sharding.common import TableSpec
+from ctrctl.distributed.types import ParameterSharding, ShardingType, ShardMetadata
+
+
+class DpSharding(EmbeddingSharding):
+    """Replicated dense tables (see the module docstring)."""
+
+    sharding_type = ShardingType.DATA_PARALLEL.value
+
+    def __init__(self, tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding],
+                 optimizer: EmbeddingOptimizerConfig, group: object | None = None,
+                 grad_scale: float = 1.0) -> None:
+        super().__init__(tables, shardings, optimizer, group, grad_scale)
+        self.rank = dist.get_rank(group)
+        self.weights = nn.ParameterList(
+            nn.Parameter(torch.empty(t.num_embeddings, t.embedding_dim).uniform_(
+                -(1.0 / t.num_embeddings) ** 0.5, (1.0 / t.num_embeddings) ** 0.5))
+            for t in self.tables)
+        self.table_of_feature = [i for i, t in enumerate(self.tables) for _ in t.feature_names]
+
+    def forward(self, lengths: torch.Tensor, values: torch.Tensor,
+                weights: torch.Tensor | None) -> torch.Tensor:
+        per_feature = lengths.sum(dim=1).tolist()
+        values_f = values.split(per_feature)
+        weights_f = weights.split(per_feature) if weights is not None else None
+        out = []
+        for f, t in enumerate(self.table_of_feature):
+            offsets = torch.zeros(lengths.shape[1] + 1, dtype=torch.long)
+            torch.cumsum(lengths[f].long(), 0, out=offsets[1:])
+            mode = self.tables[t].pooling
+            out.append(F.embedding_bag(
+                values_f[f].long(), self.weights[t], offsets[:-1], mode=mode,
+                per_sample_weights=weights_f[f] if weights_f is not None else None,
+                include_last_offset=False))                                    # (B, dim)
+        return torch.cat(out, dim=1)                                           # (B, D)
+
+    def all_reduce_gradients(self) -> None:
+        """Average the tables' gradients over ranks (what DDP does for them inside DMP)."""
+        for p in self.weights:
+            if p.grad is not None:
+                comm.all_reduce_(p.grad, self.group, average=True)
+
+    def local_shards(self) -> list[LocalShard]:
+        return [LocalShard(t.name, ShardMetadata(self.rank, 0, 0, t.num_embeddings,
+                                                 t.embedding_dim), w.data, {})
+                for t, w in zip(self.tables, self.weights, strict=True)]

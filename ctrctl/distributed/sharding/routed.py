@@ -1,0 +1,148 @@
+"""The sharding engine behind TW, CW, TWCW, RW and TWRW: route ids, pool shards, send back.
+
+Each type (``tw.py``, ``rw.py``, ...) is this engine with its geometry check and its output
+collective: the pooled all-to-all (blocks placed side by side, row blocks summed at the
+source) or the reduce-scatter of row-wise partial sums.
+
+Shapes through one step on a rank with local batch B, global batch Bg (sum over ranks), this
+group's features F (output width D) and this rank's slots S (width W)::
+
+    lengths (F, B), ids           -- route + jagged all-to-all -->  lengths (S, Bg), ids
+    lookup                        -->  (Bg, W)
+    pooled all-to-all             -->  (B, sum of W over ranks)  -- place/sum -->  (B, D)
+    or reduce-scatter             (Bg, D) partials  -->  (B, D)
+
+Example:
+    >>> group = TwSharding(tables, shardings, EmbeddingOptimizerConfig(lr=0.1))
+    >>> out = group(lengths, values, None)      # (B, D)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ctrctl.distributed import comm
+from ctrctl.distributed.sharding.base import (
+    EmbeddingOptimizerConfig,
+    EmbeddingSharding,
+    LocalLookup,
+    LocalShard,
+)
+from ctrctl.distributed.sharding.common import GroupLayout, TableSpec, route, to_slot_major
+from ctrctl.distributed.types import ParameterSharding
+from ctrctl.sparse.ops import complete_cumsum
+
+
+class RoutedSharding(EmbeddingSharding):
+    """Tables cut into blocks held by single ranks (every type but data-parallel).
+
+    Subclasses set ``sharding_type`` and ``reduce_scatter`` (True: row-wise partial sums come
+    back through a reduce-scatter; False: through the pooled all-to-all).
+    """
+
+    reduce_scatter = False
+
+    def __init__(self, tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding],
+                 optimizer: EmbeddingOptimizerConfig, group: object | None = None,
+                 grad_scale: float = 1.0) -> None:
+        super().__init__(tables, shardings, optimizer, group, grad_scale)
+        self.check_geometry()
+        world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.layout = GroupLayout.build(self.tables, self.shardings, world)
+        slots = self.layout.slots_per_rank[self.rank]
+        local_tables = self.layout.local_tables[self.rank]
+        # contiguous runs of slots (and of local tables) that pool the same way
+        self.runs: list[tuple[int, int, int, int]] = []   # slot start/end, table start/end
+        self.lookups = torch.nn.ModuleList()
+        start = 0
+        while start < len(slots):
+            mode = self.layout.lookup_pooling(slots[start].table)
+            end = start
+            while end < len(slots) and self.layout.lookup_pooling(slots[end].table) == mode:
+                end += 1
+            t0, t1 = slots[start].local_table, slots[end - 1].local_table + 1
+            shapes = [(s.rows, s.cols) for _, s in local_tables[t0:t1]]
+            fmap = [s.local_table - t0 for s in slots[start:end]]
+            self.lookups.append(LocalLookup(shapes, fmap, mode, optimizer))
+            self.runs.append((start, end, t0, t1))
+            start = end
+        self.register_buffer("all_columns", self.layout.target_columns(), persistent=False)
+        self.register_buffer("my_columns", self.layout.target_columns([self.rank]),
+                             persistent=False)
+        self.widths = [self.layout.rank_width(r) for r in range(world)]
+        mean_features = [f for f, (_, t) in enumerate(self.layout.features)
+                         if self.layout.row_split(t) and self.layout.tables[t].pooling == "mean"]
+        self.mean_features = mean_features
+
+    def check_geometry(self) -> None:
+        """Raise PlanError when a plan entry does not fit this type (subclasses refine)."""
+
+    # ---- the three parts --------------------------------------------------------------------
+    def input_dist(self, lengths: torch.Tensor, values: torch.Tensor,
+                   weights: torch.Tensor | None) -> comm.JaggedExchange:
+        routed = route(self.layout, lengths, values, weights)
+        return comm.jagged_all_to_all(routed.lengths, routed.values, routed.weights,
+                                      lengths.shape[1], self.group)
+
+    def lookup(self, received: comm.JaggedExchange) -> torch.Tensor:
+        num_slots = len(self.layout.slots_per_rank[self.rank])
+        global_batch = sum(received.batch_per_source)
+        lengths, values, weights = to_slot_major(received.lengths, received.values,
+                                                 received.weights, num_slots,
+                                                 received.batch_per_source)
+        if not self.runs:
+            # Nothing held here; still take part in backward's collective.
+            return torch.zeros(global_batch, 0, requires_grad=torch.is_grad_enabled())
+        offsets = complete_cumsum(lengths.long())
+        pooled = []
+        for (s0, s1, _, _), kernel in zip(self.runs, self.lookups, strict=True):
+            first, last = s0 * global_batch, s1 * global_batch
+            v0, v1 = int(offsets[first]), int(offsets[last])
+            pooled.append(kernel(values[v0:v1], offsets[first:last + 1] - v0,
+                                 weights[v0:v1] if weights is not None else None))
+        return pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=1)    # (Bg, W)
+
+    def output_dist(self, local: torch.Tensor, batch_per_rank: list[int]) -> torch.Tensor:
+        batch = batch_per_rank[self.rank]
+        if self.reduce_scatter:
+            partial = local.new_zeros(local.shape[0], self.layout.output_dim)
+            partial = partial.index_add(1, self.my_columns, local)            # (Bg, D)
+            return comm.reduce_scatter_rows(partial, batch_per_rank, self.group,
+                                            self.grad_scale)
+        received = comm.pooled_all_to_all(local, batch_per_rank, self.widths, self.group,
+                                          self.grad_scale)                     # (B, sum W)
+        out = received.new_zeros(batch, self.layout.output_dim)
+        return out.index_add(1, self.all_columns, received)                   # (B, D)
+
+    def forward(self, lengths: torch.Tensor, values: torch.Tensor,
+                weights: torch.Tensor | None) -> torch.Tensor:
+        received = self.input_dist(lengths, values, weights)
+        local = self.lookup(received)
+        out = self.output_dist(local, received.batch_per_source)
+        if self.mean_features:
+            out = self._divide_means(out, lengths)
+        return out
+
+    def _divide_means(self, out: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        # Row blocks pooled partial sums; the mean needs the whole bag's length, known here.
+        scale = torch.ones(out.shape[1], out.shape[0], dtype=out.dtype)
+        for f in self.mean_features:
+            a, b = self.layout.feature_offsets[f], self.layout.feature_offsets[f + 1]
+            scale[a:b] = 1.0 / lengths[f].clamp(min=1).to(out.dtype)
+        return out * scale.t()
+
+    # ---- state ------------------------------------------------------------------------------
+    def local_shards(self) -> list[LocalShard]:
+        shards = []
+        local_tables = self.layout.local_tables[self.rank]
+        for (_, _, t0, t1), kernel in zip(self.runs, self.lookups, strict=True):
+            weights = kernel.split_weights()
+            states = kernel.optimizer_states()
+            for i, (t, shard) in enumerate(local_tables[t0:t1]):
+                shards.append(LocalShard(self.layout.tables[t].name, shard, weights[i],
+                                         states[i]))
+        return shards
