@@ -1,0 +1,302 @@
+"""The planted click model and the columns it draws (see :mod:`ctrctl.data.synthetic`).
+
+Categorical values are Zipf ranks; a rank's printed value is a bijective 32-bit hash of it
+(distinct ranks, distinct values), printed as 8 lowercase hex digits, or an integer from the
+column's value table for Avazu's integer columns. A rank's click effect comes from a table
+drawn once per feature and seed, for its :data:`EFFECT_HEAD` most frequent ranks.
+
+Example:
+    >>> model = click_model("criteo", seed=0)
+    >>> batch = model.batch(chunk=0, start_row=0, n=1000, total_rows=1000)
+    >>> batch.table.num_rows, float(batch.prob.mean()) > 0
+    (1000, True)
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from ctrctl.data.synthetic_specs import (
+    AVAZU_COLUMNS,
+    EFFECT_HEAD,
+    FormatSpec,
+    SparseSpec,
+    format_spec,
+)
+
+#: Rows per chunk; part of the output's definition (chunk k draws from stream (seed, k)).
+CHUNK_ROWS = 65_536
+#: Frequent ranks of each side of the pairwise interaction that get a pair effect.
+INTERACTION_HEAD = 100
+#: Avazu's ten days of hours, 2014-10-21 00h to 2014-10-30 23h.
+AVAZU_HOURS = 240
+
+_FORMAT_STREAM = {"criteo": 0, "avazu": 1}
+
+
+@dataclass(frozen=True)
+class SynthBatch:
+    """Rows made in memory: the log columns as a table, and each row's click probability.
+
+    Attributes:
+        table: the columns of the log format in file order (Criteo: ``label`` int8,
+            ``I1..I13`` int64, ``C1..C26`` 8-hex-digit strings, nulls where missing; Avazu:
+            ``id`` uint64, ``click`` int8, ``hour`` int64, then int64 or hex string columns).
+        prob: float32 true click probability of each row.
+    """
+
+    table: pa.Table
+    prob: np.ndarray
+
+    @property
+    def labels(self) -> np.ndarray:
+        name = "label" if "label" in self.table.column_names else "click"
+        return self.table.column(name).to_numpy()
+
+
+# ----------------------------------------------------------------------------- hashing
+
+
+def _mix32(x: np.ndarray) -> np.ndarray:
+    """A bijective 32-bit integer mixer (xorshift-multiply): distinct in, distinct out."""
+    x = x ^ (x >> np.uint32(16))
+    x *= np.uint32(0x7FEB352D)
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(0x846CA68B)
+    x ^= x >> np.uint32(16)
+    return x
+
+
+@functools.lru_cache(maxsize=1)
+def _hex_table() -> np.ndarray:
+    """uint32 words holding the 4 lowercase hex digits of every 16-bit value, in byte order."""
+    digits = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+    v = np.arange(65536, dtype=np.uint32)
+    chars = np.stack([digits[(v >> s) & 15] for s in (12, 8, 4, 0)], axis=1)  # (65536, 4)
+    return np.ascontiguousarray(chars).view(np.uint32).ravel()
+
+
+def hex_strings(values: np.ndarray, valid: np.ndarray | None = None) -> pa.StringArray:
+    """8-digit lowercase hex strings of uint32 values, null where ``valid`` is False.
+
+    Built as an Arrow string array straight from a byte buffer (no Python strings).
+
+    Example:
+        >>> hex_strings(np.array([255, 3735928559], dtype=np.uint32)).to_pylist()
+        ['000000ff', 'deadbeef']
+    """
+    table = _hex_table()
+    n = len(values)
+    words = np.empty((n, 2), dtype=np.uint32)  # (n, 8 chars)
+    words[:, 0] = table[values >> np.uint32(16)]
+    words[:, 1] = table[values & np.uint32(0xFFFF)]
+    offsets = np.arange(0, 8 * n + 1, 8, dtype=np.int32)
+    bitmap = None if valid is None else pa.array(valid, type=pa.bool_()).buffers()[1]
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(words), bitmap)
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def zipf_ranks(u: np.ndarray, cardinality: int, exponent: float) -> np.ndarray:
+    """Ranks in ``[0, cardinality)`` with ``P(r) ~ (r + 1) ** -exponent`` from uniforms ``u``.
+
+    Inverts the continuous density ``x ** -exponent`` on ``[0.5, cardinality + 0.5]``: each
+    rank takes the mass of its unit interval (the midpoint rule), so a draw costs one
+    log/exp however large the vocabulary, and no table of ``cardinality`` entries is built.
+    """
+    if cardinality == 1:
+        return np.zeros(len(u), dtype=np.uint32)
+    q = 1.0 - exponent
+    lo, hi = 0.5**q, (cardinality + 0.5) ** q
+    x = np.exp(np.log(lo + u * (hi - lo)) * (1.0 / q))
+    ranks = (x + 0.5).astype(np.int64) - 1
+    np.clip(ranks, 0, cardinality - 1, out=ranks)
+    return ranks.astype(np.uint32)
+
+
+@dataclass
+class _Feature:
+    spec: SparseSpec
+    salt: np.uint32
+    effects: np.ndarray  # (min(K, EFFECT_HEAD) + 1,) float64; the last entry (rare/missing) 0
+    int_values: np.ndarray | None  # (K,) int64 for integer-valued columns
+
+
+class ClickModel:
+    """The planted click model of one format and seed (effects, value tables, bias).
+
+    Args:
+        spec: the format's columns.
+        seed: the model's seed (the same seed that makes the rows).
+    """
+
+    def __init__(self, spec: FormatSpec, seed: int):
+        self.spec = spec
+        self.seed = seed
+        self.features = [self._feature(i, f) for i, f in enumerate(spec.sparse)]
+        self.by_name = {f.spec.name: f for f in self.features}
+        self.pair: np.ndarray | None = None
+        if spec.interaction is not None:
+            a, b, std = spec.interaction
+            ha = min(self.by_name[a].spec.cardinality, INTERACTION_HEAD)
+            hb = min(self.by_name[b].spec.cardinality, INTERACTION_HEAD)
+            rng = np.random.default_rng([seed, 2])
+            pair = np.zeros((ha + 1, hb + 1))
+            pair[:ha, :hb] = rng.standard_normal((ha, hb)) * std * spec.effect_scale
+            self.pair = pair
+        self.bias = 0.0
+        self.bias = self._solve_bias()
+
+    def _feature(self, index: int, spec: SparseSpec) -> _Feature:
+        rng = np.random.default_rng([self.seed, 1, index])
+        salt = np.uint32(rng.integers(0, 2**32, dtype=np.uint64))
+        head = min(spec.cardinality, EFFECT_HEAD)
+        effects = np.zeros(head + 1)
+        if spec.effect:
+            effects[:head] = rng.standard_normal(head) * spec.effect * self.spec.effect_scale
+        int_values = None
+        if spec.is_int:
+            listed = np.array(spec.values or (), dtype=np.int64)[: spec.cardinality]
+            extra = spec.cardinality - len(listed)
+            low, high = spec.value_range or (int(listed.max()) + 1, int(listed.max()) + 1)
+            pool = np.setdiff1d(np.arange(low, high + 1, dtype=np.int64), listed)
+            if len(pool) < extra:  # a cardinality beyond the real range: continue past it
+                pool = np.concatenate(
+                    [pool, np.arange(extra - len(pool), dtype=np.int64) + high + 1]
+                )
+            int_values = np.concatenate([listed, rng.permutation(pool)[:extra]])
+        return _Feature(spec, salt, effects, int_values)
+
+    def _solve_bias(self) -> float:
+        """The bias giving the target label rate, by bisection on a calibration sample."""
+        rng = np.random.default_rng([self.seed, 3])
+        logits = self._draw(rng, CHUNK_ROWS, start_row=0, total_rows=CHUNK_ROWS)[0]
+        lo, hi = -15.0, 15.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            rate = float(np.mean(1.0 / (1.0 + np.exp(-(logits + mid)))))
+            lo, hi = (mid, hi) if rate < self.spec.target_label_rate else (lo, mid)
+        return (lo + hi) / 2
+
+    def _draw(
+        self, rng: np.random.Generator, n: int, start_row: int, total_rows: int
+    ) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray | None]], dict[str, np.ndarray]]:
+        """Logits (without bias) and raw columns of ``n`` rows.
+
+        Returns:
+            logits (n,), sparse name -> (ranks uint32, missing mask or None),
+            dense name -> int64 values with ``-2**63`` where missing.
+        """
+        spec = self.spec
+        logits = np.zeros(n)
+        missing: dict[str, np.ndarray] = {}
+        for group, rate in spec.groups.items():
+            if group in spec.complements:
+                missing[group] = ~missing[spec.complements[group]]
+            else:
+                missing[group] = rng.random(n) < rate
+        dense: dict[str, np.ndarray] = {}
+        for d in spec.dense:
+            z = rng.standard_normal(n)
+            values = np.floor(d.median * np.exp(np.minimum(d.sigma * z, 20.0)))
+            values = np.minimum(values, 2.0**31).astype(np.int64)
+            if d.negative_rate:
+                negative = rng.random(n) < d.negative_rate
+                # Mostly -1, rarely -2 or -3, as Criteo's I2.
+                values[negative] = -1 - (rng.random(int(negative.sum())) < 0.05).astype(
+                    np.int64
+                ) * (1 + (rng.random(int(negative.sum())) < 0.3))
+            mask = missing.get(d.group) if d.group else None
+            if d.effect:
+                contribution = d.effect * spec.effect_scale * z
+                if mask is not None:
+                    contribution[mask] = 0.0
+                logits += contribution
+            if mask is not None:
+                values[mask] = np.iinfo(np.int64).min
+            dense[d.name] = values
+        sparse: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+        placeholder = spec.name == "avazu"  # Avazu has no empty fields: rank 0 stands in
+        for f in self.features:
+            s = f.spec
+            mask = missing.get(s.group) if s.group else None
+            u = rng.random(n)
+            if mask is not None and placeholder:
+                ranks = zipf_ranks(u, max(s.cardinality - 1, 1), s.exponent) + np.uint32(1)
+                np.minimum(ranks, np.uint32(s.cardinality - 1), out=ranks)
+                ranks[mask] = 0
+                mask = None
+            else:
+                ranks = zipf_ranks(u, s.cardinality, s.exponent)
+            if s.effect:
+                head = len(f.effects) - 1
+                index = np.minimum(ranks, np.uint32(head))
+                if mask is not None:
+                    index[mask] = head
+                logits += f.effects[index]
+            sparse[s.name] = (ranks, mask)
+        if self.pair is not None and spec.interaction is not None:
+            a, b, _ = spec.interaction
+            ra, ma = sparse[a]
+            rb, mb = sparse[b]
+            ia = np.minimum(ra, np.uint32(self.pair.shape[0] - 1)).astype(np.intp)
+            ib = np.minimum(rb, np.uint32(self.pair.shape[1] - 1)).astype(np.intp)
+            if ma is not None:
+                ia[ma] = self.pair.shape[0] - 1
+            if mb is not None:
+                ib[mb] = self.pair.shape[1] - 1
+            logits += self.pair[ia, ib]
+        if spec.name == "avazu":
+            hours = _avazu_hour_index(start_row, n, total_rows)
+            logits += 0.2 * np.sin(2 * np.pi * (hours % 24) / 24.0)
+        return logits, sparse, dense
+
+    def batch(self, chunk: int, start_row: int, n: int, total_rows: int) -> SynthBatch:
+        """Rows ``[start_row, start_row + n)`` of chunk ``chunk`` as a :class:`SynthBatch`."""
+        stream = _FORMAT_STREAM[self.spec.name]
+        rng = np.random.default_rng([self.seed, 4, stream, chunk])
+        logits, sparse, dense = self._draw(rng, n, start_row, total_rows)
+        prob = (1.0 / (1.0 + np.exp(-(logits + self.bias)))).astype(np.float32)
+        label = (rng.random(n) < prob).astype(np.int8)
+        columns: dict[str, pa.Array] = {}
+        if self.spec.name == "avazu":
+            columns["id"] = pa.array(rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False))
+            columns["click"] = pa.array(label)
+            hours = _avazu_hour_index(start_row, n, total_rows)
+            # YYMMDDHH from 14102100: day 21 + h // 24, hour h % 24.
+            columns["hour"] = pa.array(14_100_000 + (21 + hours // 24) * 100 + hours % 24)
+        else:
+            columns["label"] = pa.array(label)
+            for name, values in dense.items():
+                columns[name] = pa.array(values, mask=values == np.iinfo(np.int64).min)
+        for f in self.features:
+            ranks, mask = sparse[f.spec.name]
+            if f.int_values is not None:
+                columns[f.spec.name] = pa.array(f.int_values[ranks], mask=mask)
+            else:
+                columns[f.spec.name] = hex_strings(
+                    _mix32(ranks ^ f.salt), None if mask is None else ~mask
+                )
+        if self.spec.name == "avazu":
+            columns = {name: columns[name] for name in AVAZU_COLUMNS}
+        return SynthBatch(pa.table(columns), prob)
+
+
+def _avazu_hour_index(start_row: int, n: int, total_rows: int) -> np.ndarray:
+    """Hours since the first one: rows are in time order over ten days, as the real file."""
+    rows = np.arange(start_row, start_row + n, dtype=np.int64)
+    return rows * AVAZU_HOURS // max(total_rows, 1)
+
+
+@functools.lru_cache(maxsize=8)
+def click_model(
+    format: str, seed: int, cardinalities: tuple[tuple[str, int], ...] = ()
+) -> ClickModel:
+    """The (cached) click model of a format, seed and cardinality overrides."""
+    spec = format_spec(format).with_cardinalities(dict(cardinalities))
+    return ClickModel(spec, seed)
