@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ctrctl.data.manifest import DatasetManifest, write_json_atomic
-from ctrctl.errors import ConfigError
+from ctrctl.errors import ConfigError, DistributedError
 from ctrctl.evaluation.baselines import (
     DEFAULT_SMOOTHING,
     base_rate_baseline,
@@ -97,21 +97,41 @@ def _broadcast(value: Any, group: Any) -> Any:
     return box[0]
 
 
+def _find_run_id(data: Any, depth: int = 0) -> str | None:
+    if not isinstance(data, dict) or depth > 3:
+        return None
+    for key in _RUN_KEYS:
+        if isinstance(data.get(key), str) and data[key]:
+            return str(data[key])
+    for value in data.values():
+        found = _find_run_id(value, depth + 1)
+        if found:
+            return found
+    return None
+
+
 def training_run_id(checkpoint: Path | None) -> str | None:
-    """The MLflow run id the checkpoint's metadata records, if any."""
+    """The MLflow run id that the checkpoint's metadata (or its trainer state) records."""
     if checkpoint is None:
         return None
-    for name in _META_FILES:
-        path = Path(checkpoint) / name
-        if path.is_file():
+    folders = [Path(checkpoint)]
+    try:
+        from ctrctl.training.checkpoint import resolve_checkpoint
+
+        folders.insert(0, resolve_checkpoint(checkpoint))
+    except Exception:  # noqa: BLE001 - an unknown layout simply records no run id
+        pass
+    for folder in folders:
+        for name in (*_META_FILES, "trainer_state.json"):
+            path = folder / name
+            if not path.is_file():
+                continue
             try:
-                meta = json.loads(path.read_text())
+                found = _find_run_id(json.loads(path.read_text()))
             except (OSError, json.JSONDecodeError):
                 continue
-            for scope in (meta, meta.get("tracking", {}) if isinstance(meta, dict) else {}):
-                for key in _RUN_KEYS:
-                    if isinstance(scope, dict) and scope.get(key):
-                        return str(scope[key])
+            if found:
+                return found
     return None
 
 
@@ -213,6 +233,7 @@ def evaluate(
     tracker: Tracker | None = None,
     progress: Progress | None = None,
     group: Any = None,
+    gates_raise: bool = True,
 ) -> EvalResult:
     """Evaluate a model's scores on a split and write the output folder.
 
@@ -238,6 +259,8 @@ def evaluate(
         tracker: MLflow tracker (default: none).
         progress: progress reporter.
         group: process group (default: the default group when initialised).
+        gates_raise: raise GateError for a failed gate (False: only record it in the result
+            and gates.json, as the ranks under ``--nproc-per-node`` do).
 
     Returns:
         An :class:`EvalResult`.
@@ -278,8 +301,31 @@ def evaluate(
         raise
     for gate in result.gates:
         logger.info("gate %s", gate.describe())
-    raise_for_failures(result.gates)
+    if gates_raise:
+        raise_for_failures(result.gates)
     return result
+
+
+def gates_from_output(out: str | Path, exit_code: int) -> list[GateResult]:
+    """After the ranks of a launched evaluation ended: raise for a failed run or gate.
+
+    Raises:
+        DistributedError: a rank failed (``exit_code`` non-zero) before writing the outputs.
+        GateError: ``out/gates.json`` records a failed gate.
+    """
+    out = Path(out)
+    if exit_code != 0 or not (out / "gates.json").is_file():
+        raise DistributedError(
+            f"the evaluation processes failed (exit code {exit_code})",
+            where=str(out),
+            hint="the first error in the log above names the rank and the cause",
+        )
+    results = []
+    for item in json.loads((out / "gates.json").read_text()):
+        gate = parse_gates([item["gate"]])[0]
+        results.append(GateResult(gate, item["actual"], item["passed"], item["margin"]))
+    raise_for_failures(results)
+    return results
 
 
 def _measure(
