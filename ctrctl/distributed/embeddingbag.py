@@ -38,6 +38,7 @@ from ctrctl.distributed.sharding.twcw import TwcwSharding
 from ctrctl.distributed.sharding.twrw import TwrwSharding
 from ctrctl.distributed.types import ParameterSharding, ShardingPlan, ShardingType
 from ctrctl.errors import PlanError, SparseInputError
+from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.sparse.jagged_tensor import KeyedJaggedTensor
 from ctrctl.sparse.keyed_tensor import KeyedTensor
@@ -63,6 +64,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         optimizer: the optimizer fused into the lookups' backward.
         group: the process group (default: the world); every rank builds the same module.
         gradient_division: scale embedding gradients by 1/world size (see the module docstring).
+        backend: the lookup kernels: ``auto``, ``fbgemm`` or ``torch``.
 
     Example:
         >>> sebc = ShardedEmbeddingBagCollection(tables, plan.tables,
@@ -77,6 +79,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         optimizer: EmbeddingOptimizerConfig,
         group: Any | None = None,
         gradient_division: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.tables = list(tables)
@@ -94,7 +97,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             chosen = [t for t in self.tables if plan[t.name].sharding_type == kind]
             if chosen:
                 self.groups[kind] = cls(chosen, [plan[t.name] for t in chosen], optimizer,
-                                        group, grad_scale)
+                                        group, grad_scale, backend)
         unknown = {plan[t.name].sharding_type for t in self.tables} - set(SHARDING_CLASSES)
         if unknown:
             raise PlanError(f"unknown sharding type(s) {sorted(unknown)}",
@@ -143,7 +146,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if ShardingType.DATA_PARALLEL.value in self.groups:
             yield from self.groups[ShardingType.DATA_PARALLEL.value].parameters()
 
-    def fused_lookups(self) -> list[nn.Module]:
+    def fused_lookups(self) -> list[BatchedEmbeddingBag]:
         return [k for g in self.groups.values() for k in g.fused_lookups()]
 
     def load_table_weights(self, weights: Mapping[str, torch.Tensor],
@@ -175,12 +178,12 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     def get_lr(self) -> float | None:
         lookups = self.fused_lookups()
-        return lookups[0].get_lr() if lookups else None  # type: ignore[operator]
+        return lookups[0].learning_rate if lookups else None
 
     def set_lr(self, lr: float) -> None:
         """Set the fused optimizer's learning rate on every lookup (e.g. from a scheduler)."""
         for lookup in self.fused_lookups():
-            lookup.set_lr(lr)  # type: ignore[operator]
+            lookup.set_learning_rate(lr)
 
 
 class EmbeddingBagCollectionSharder:

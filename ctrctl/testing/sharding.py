@@ -157,6 +157,7 @@ class GoldenCase:
     weighted: bool = False
     batch_per_rank: tuple[int, ...] = field(default_factory=tuple)
     local_world_size: int | None = None
+    backend: str = "auto"
 
 
 ALL_TYPES = [t.value for t in ShardingType]
@@ -184,6 +185,8 @@ def golden_cases(world_size: int) -> list[GoldenCase]:
                             batch_per_rank=uneven))
     cases.append(GoldenCase("row_wise/unequal-batches", "row_wise",
                             batch_per_rank=uneven))
+    cases.append(GoldenCase("mixed2/plain-torch-kernel", mixed2, "exact_rowwise_adagrad",
+                            backend="torch"))
     if world_size % 2 == 0 and world_size > 2:
         two_hosts = {"t0": "table_row_wise", "t1": "table_column_wise", "t2": "table_row_wise",
                      "t3": "table_column_wise"}
@@ -206,7 +209,8 @@ def run_golden_case(case: GoldenCase, rank: int, world_size: int, seed: int = 0)
         tables, weights, head, batches, case.optimizer, dp_tables)
 
     sebc = ShardedEmbeddingBagCollection(
-        tables, plan.tables, EmbeddingOptimizerConfig(kind=case.optimizer, lr=LR))
+        tables, plan.tables, EmbeddingOptimizerConfig(kind=case.optimizer, lr=LR),
+        backend=case.backend)
     sebc.load_table_weights(weights)
     for name, p in zip([t.name for t in sebc.groups["data_parallel"].tables],
                        sebc.data_parallel_parameters(), strict=True) \

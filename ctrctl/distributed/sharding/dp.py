@@ -21,9 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrctl.distributed import comm
-from ctrctl.distributed.sharding.base import EmbeddingOptimizerConfig, EmbeddingSharding, LocalShard
+from ctrctl.distributed.sharding.base import EmbeddingSharding, LocalShard
 from ctrctl.distributed.sharding.common import TableSpec
 from ctrctl.distributed.types import ParameterSharding, ShardingType, ShardMetadata
+from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 
 
 class DpSharding(EmbeddingSharding):
@@ -33,8 +34,8 @@ class DpSharding(EmbeddingSharding):
 
     def __init__(self, tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding],
                  optimizer: EmbeddingOptimizerConfig, group: object | None = None,
-                 grad_scale: float = 1.0) -> None:
-        super().__init__(tables, shardings, optimizer, group, grad_scale)
+                 grad_scale: float = 1.0, backend: str = "auto") -> None:
+        super().__init__(tables, shardings, optimizer, group, grad_scale, backend)
         self.rank = dist.get_rank(group)
         self.weights = nn.ParameterList(
             nn.Parameter(torch.empty(t.num_embeddings, t.embedding_dim).uniform_(

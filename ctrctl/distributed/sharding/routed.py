@@ -25,14 +25,11 @@ import torch
 import torch.distributed as dist
 
 from ctrctl.distributed import comm
-from ctrctl.distributed.sharding.base import (
-    EmbeddingOptimizerConfig,
-    EmbeddingSharding,
-    LocalLookup,
-    LocalShard,
-)
+from ctrctl.distributed.sharding.base import EmbeddingSharding, LocalShard
 from ctrctl.distributed.sharding.common import GroupLayout, TableSpec, route, to_slot_major
 from ctrctl.distributed.types import ParameterSharding
+from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
+from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.sparse.ops import complete_cumsum
 
 
@@ -47,8 +44,8 @@ class RoutedSharding(EmbeddingSharding):
 
     def __init__(self, tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding],
                  optimizer: EmbeddingOptimizerConfig, group: object | None = None,
-                 grad_scale: float = 1.0) -> None:
-        super().__init__(tables, shardings, optimizer, group, grad_scale)
+                 grad_scale: float = 1.0, backend: str = "auto") -> None:
+        super().__init__(tables, shardings, optimizer, group, grad_scale, backend)
         self.check_geometry()
         world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -67,7 +64,8 @@ class RoutedSharding(EmbeddingSharding):
             t0, t1 = slots[start].local_table, slots[end - 1].local_table + 1
             shapes = [(s.rows, s.cols) for _, s in local_tables[t0:t1]]
             fmap = [s.local_table - t0 for s in slots[start:end]]
-            self.lookups.append(LocalLookup(shapes, fmap, mode, optimizer))
+            self.lookups.append(BatchedEmbeddingBag(shapes, fmap, optimizer, mode,
+                                                    backend=backend))
             self.runs.append((start, end, t0, t1))
             start = end
         self.register_buffer("all_columns", self.layout.target_columns(), persistent=False)
@@ -141,7 +139,7 @@ class RoutedSharding(EmbeddingSharding):
         local_tables = self.layout.local_tables[self.rank]
         for (_, _, t0, t1), kernel in zip(self.runs, self.lookups, strict=True):
             weights = kernel.split_weights()
-            states = kernel.optimizer_states()
+            states = kernel.optimizer_state()
             for i, (t, shard) in enumerate(local_tables[t0:t1]):
                 shards.append(LocalShard(self.layout.tables[t].name, shard, weights[i],
                                          states[i]))
