@@ -201,7 +201,7 @@ class EvalConfig(_Section):
 
     splits: tuple[str, ...] = ("test",)
     batch_size: int = Field(8192, gt=0)
-    gates: dict[str, float] = Field(default_factory=dict)
+    gates: dict[str, float] = dict()
 
 
 # ---- the whole pipeline --------------------------------------------------------------------
@@ -215,15 +215,13 @@ class PipelineConfig(_Section):
 
     name: str = "default"
     description: str = ""
-    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
-    plan: PlanConfig = Field(default_factory=PlanConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    embedding_optimizer: EmbeddingOptimizerConfig = Field(
-        default_factory=EmbeddingOptimizerConfig
-    )
-    dense_optimizer: DenseOptimizerConfig = Field(default_factory=DenseOptimizerConfig)
-    training: TrainingConfig = Field(default_factory=TrainingConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
+    preprocess: PreprocessConfig = PreprocessConfig()
+    plan: PlanConfig = PlanConfig()
+    model: ModelConfig = ModelConfig()
+    embedding_optimizer: EmbeddingOptimizerConfig = EmbeddingOptimizerConfig()
+    dense_optimizer: DenseOptimizerConfig = DenseOptimizerConfig()
+    training: TrainingConfig = TrainingConfig()
+    eval: EvalConfig = EvalConfig()
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config as plain JSON-friendly data (what MLflow and checkpoints keep)."""

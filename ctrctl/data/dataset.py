@@ -381,9 +381,9 @@ class BatchLoader:
                     parts.append(block.onehot[onehot_index[key]])
                     length_parts.append(np.ones(b, dtype=np.int32))
                 else:
-                    lengths, _, vals = block.multihot[multihot_index[key]]
+                    bag_lengths, _, vals = block.multihot[multihot_index[key]]
                     parts.append(vals)
-                    length_parts.append(lengths.astype(np.int32))
+                    length_parts.append(bag_lengths.astype(np.int32))
             values = torch.from_numpy(np.concatenate(parts) if parts else np.empty(0, np.int64))
             lengths = torch.from_numpy(np.concatenate(length_parts) if length_parts
                                        else np.empty(0, np.int32))

@@ -1,0 +1,204 @@
+"""The model the trainer builds, and the few places where training touches its insides.
+
+Everything the loop, checkpoints and prediction need from a model goes through here:
+building a DLRM from the config and the manifest, wrapping it for several ranks
+(:func:`wrap_model`, the single integration point with DistributedModelParallel), and moving
+table and dense state in and out of checkpoints. An unsharded model and a sharded one look
+the same from outside: a list of table blocks (:class:`~ctrctl.training.checkpoint.TableShard`)
+plus a dense state dict.
+
+Example:
+    >>> model = build_model(config, manifest, torch.device("cpu"))
+    >>> shards = table_shards(model)          # [TableShard("t_C1", 0, 0, weight, state), ...]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ctrctl.config import PipelineConfig
+from ctrctl.data.manifest import DatasetManifest
+from ctrctl.distributed.types import ShardingPlan
+from ctrctl.errors import CheckpointError, ConfigError
+from ctrctl.training import checkpoint as ckpt
+from ctrctl.training.optimizers import EMBEDDING_KINDS, embedding_optimizer
+
+__all__ = [
+    "build_model",
+    "dense_parameters",
+    "dense_state",
+    "load_dense_state",
+    "load_tables",
+    "table_info",
+    "table_name",
+    "table_shards",
+    "wrap_model",
+]
+
+
+def table_name(feature: str) -> str:
+    """The embedding table of a sparse feature (one table per feature)."""
+    return f"t_{feature}"
+
+
+def build_model(config: PipelineConfig, manifest: DatasetManifest,
+                device: torch.device) -> nn.Module:
+    """A DLRM with one table per sparse feature of the manifest, sized by it.
+
+    Parameters are initialised from torch's global RNG (seed it first for a repeatable run).
+    """
+    from ctrctl.modules import DLRM, EmbeddingBagCollection, EmbeddingBagConfig
+
+    m = config.model
+    if not manifest.sparse:
+        raise ConfigError("the dataset has no sparse features to embed",
+                          where="manifest.json", hint="a DLRM needs at least one")
+    tables = [
+        EmbeddingBagConfig(name=table_name(f.name), num_embeddings=f.num_embeddings,
+                           embedding_dim=m.embedding_dim, feature_names=[f.name])
+        for f in manifest.sparse
+    ]
+    ebc = EmbeddingBagCollection(tables, optimizer=embedding_optimizer(
+        config.embedding_optimizer), device=device)
+    model = DLRM(
+        ebc,
+        dense_in_features=len(manifest.dense),
+        dense_arch_layer_sizes=list(m.dense_arch),
+        over_arch_layer_sizes=list(m.over_arch),
+        interaction=m.interaction,
+        dcn_num_layers=m.dcn_layers,
+        dcn_low_rank_dim=m.dcn_rank,
+    )
+    return model.to(device)
+
+
+def wrap_model(model: nn.Module, plan: ShardingPlan | None, process_group: Any) -> nn.Module:
+    """Shard the model's tables across the ranks of ``process_group`` per ``plan``.
+
+    The one place where the trainer meets DistributedModelParallel; ``plan`` None asks it
+    for its default plan.
+    """
+    try:
+        from ctrctl.distributed.model_parallel import DistributedModelParallel
+    except ImportError as exc:
+        raise ConfigError(
+            "training on several processes needs ctrctl.distributed.model_parallel, which "
+            "this installation lacks", hint="train with --nproc-per-node 1") from exc
+    return DistributedModelParallel(model, plan=plan, process_group=process_group)
+
+
+# ---- finding the parts ---------------------------------------------------------------------
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The DLRM inside wrappers (DMP, DDP) that keep it as ``.module``."""
+    inner = model
+    while hasattr(inner, "module") and isinstance(inner.module, nn.Module):
+        inner = inner.module
+    return inner
+
+
+def _embedding_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """(name, module) of every embedding collection, sharded or not, outermost only."""
+    found: list[str] = []
+    for name, module in _unwrap(model).named_modules():
+        if any(name.startswith(f + ".") for f in found):
+            continue
+        if hasattr(module, "local_shards") or hasattr(module, "table_weights"):
+            found.append(name)
+            yield name, module
+
+
+def dense_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters the dense optimizer steps: all but the fused tables (DP tables included)."""
+    inner = _unwrap(model)
+    if hasattr(model, "dense_parameters"):
+        return list(model.dense_parameters())  # type: ignore[operator]
+    if hasattr(inner, "dense_parameters"):
+        return list(inner.dense_parameters())  # type: ignore[operator]
+    fused = {id(p) for _, m in _embedding_modules(model) for p in m.parameters()}
+    return [p for p in inner.parameters() if id(p) not in fused]
+
+
+def _is_embedding_key(key: str, prefixes: list[str]) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes if p)
+
+
+def dense_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict without the embedding tables (they go to table pieces)."""
+    prefixes = [name for name, _ in _embedding_modules(model)]
+    return {k: v for k, v in _unwrap(model).state_dict().items()
+            if not _is_embedding_key(k, prefixes)}
+
+
+def load_dense_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a :func:`dense_state` into the model (tables untouched)."""
+    inner = _unwrap(model)
+    prefixes = [name for name, _ in _embedding_modules(model)]
+    expected = {k for k in inner.state_dict() if not _is_embedding_key(k, prefixes)}
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        raise CheckpointError(
+            f"the dense state does not fit the model (missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]})",
+            hint="load it into a model built from the checkpoint's own config")
+    inner.load_state_dict(state, strict=False)
+
+
+# ---- tables ------------------------------------------------------------------------------
+def _blocks(model: nn.Module) -> list[tuple[nn.Module, str, int, int, torch.Tensor,
+                                             dict[str, torch.Tensor]]]:
+    """(module, table, row_offset, col_offset, weight view, state views) per local block."""
+    out = []
+    for _, module in _embedding_modules(model):
+        if hasattr(module, "local_shards"):
+            for s in getattr(module, "local_shards")():  # noqa: B009
+                out.append((module, s.table, s.metadata.row_offset, s.metadata.col_offset,
+                            s.weight, s.optimizer_state))
+        else:
+            weights = getattr(module, "table_weights")()  # noqa: B009
+            states = getattr(module, "table_optimizer_states")()  # noqa: B009
+            for name, weight in weights.items():
+                out.append((module, name, 0, 0, weight, dict(states.get(name, {}))))
+    return out
+
+
+def table_shards(model: nn.Module) -> list[ckpt.TableShard]:
+    """This rank's blocks of every table, with optimizer state, for a checkpoint."""
+    return [ckpt.TableShard(table, r, c, weight, state)
+            for _, table, r, c, weight, state in _blocks(model)]
+
+
+def table_info(model: nn.Module, config: PipelineConfig) -> dict[str, dict[str, Any]]:
+    """Per table: rows, dim and the embedding optimizer (the checkpoint's table entries)."""
+    info = {}
+    for _, module in _embedding_modules(model):
+        configs = (module.embedding_bag_configs() if hasattr(module, "embedding_bag_configs")
+                   else getattr(module, "tables", []))
+        for t in configs:
+            info[t.name] = {"rows": t.num_embeddings, "dim": t.embedding_dim,
+                            "optimizer": EMBEDDING_KINDS[config.embedding_optimizer.kind]}
+    return info
+
+
+@torch.no_grad()
+def load_tables(model: nn.Module, path: str | Path, with_optimizer: bool = True) -> None:
+    """Fill the model's table blocks (and optimizer state) from a checkpoint of any layout."""
+    blocks = _blocks(model)
+    wanted = [(table, r, c, int(w.shape[0]), int(w.shape[1]))
+              for _, table, r, c, w, _ in blocks]
+    loaded = ckpt.load_table_shards(path, wanted, with_optimizer=with_optimizer)
+    for (_, table, _, _, weight, state), shard in zip(blocks, loaded, strict=True):
+        weight.copy_(shard.weight.to(weight.dtype))
+        if not with_optimizer:
+            continue
+        if set(state) != set(shard.optimizer_state):
+            raise CheckpointError(
+                f"table {table!r}: the checkpoint's optimizer state "
+                f"{sorted(shard.optimizer_state)} does not match the model's {sorted(state)}",
+                where=str(path), hint="resume with the same embedding_optimizer.kind")
+        for name, target in state.items():
+            target.copy_(shard.optimizer_state[name].reshape(target.shape).to(target.dtype))
