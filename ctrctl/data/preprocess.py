@@ -114,7 +114,7 @@ def _pid_alive(pid: int) -> bool:
 
 def clean_stale_temps(out: Path) -> list[Path]:
     """Remove temporary folders of ``out`` left by runs that were killed; returns them."""
-    removed = []
+    removed: list[Path] = []
     prefix = f".{out.name}{_TMP_MARK}"
     if not out.parent.is_dir():
         return removed
@@ -122,7 +122,7 @@ def clean_stale_temps(out: Path) -> list[Path]:
         if not path.name.startswith(prefix):
             continue
         pid_text = path.name[len(prefix):].split("-", 1)[0]
-        if pid_text.isdigit() and _pid_alive(int(pid_text)) and int(pid_text) != os.getpid():
+        if pid_text.isdigit() and _pid_alive(int(pid_text)):
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)

@@ -16,6 +16,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import polars as pl
 
 from ctrctl.data.schema import DERIVED_SIZES, Column, Schema
@@ -119,7 +121,9 @@ def derived_key(column: Column, kind: str) -> tuple[pl.Expr, pl.Expr]:
 
 def _hash_one(key: pl.Expr, kind: str, size: int) -> pl.Expr:
     if kind == "string":
-        key = key.hash(seed=STRING_HASH_SEED)
+        # Expr.hash gives null a hash of its own; keep a missing value missing (-> id 0).
+        return pl.when(key.is_not_null()).then(key.hash(seed=STRING_HASH_SEED) % size).cast(
+            pl.Int64)
     # polars' % is a floor modulo: a negative int key still lands in [0, size).
     return (key % size).cast(pl.Int64)
 
@@ -134,8 +138,7 @@ def encode_hash(name: str, kind: str, size: int, multi_hot: bool) -> pl.Expr:
 
 def bad_code(reasons: dict[str, list[pl.Expr]]) -> pl.Expr:
     """The row's bad code: 1 + index of its first reason in :data:`BAD_REASONS`, else 0."""
-    code: pl.Expr | None = None
-    chain = None
+    chain: Any = None
     for index, reason in enumerate(BAD_REASONS):
         exprs = reasons.get(reason, [])
         if not exprs:
@@ -196,10 +199,18 @@ def random_unit(row: pl.Expr, stream: int, seed: int) -> pl.Expr:
     Pure integer arithmetic (UInt64 wraps), so the split is identical across machines and
     polars versions, unlike ``Expr.hash``.
     """
-    mask = 2**64 - 1
-    base = (seed * 0x9E3779B97F4A7C15 + stream * 0xD1B54A32D192ED03) & mask
+    # The (seed, stream) offset is itself mixed, so that another seed is not a shift of rows.
+    base = _splitmix64(_splitmix64(seed) ^ stream)
     z = row.cast(pl.UInt64) * pl.lit(0x9E3779B97F4A7C15, pl.UInt64) + pl.lit(base, pl.UInt64)
     z = (z ^ (z // 2**30)) * pl.lit(0xBF58476D1CE4E5B9, pl.UInt64)
     z = (z ^ (z // 2**27)) * pl.lit(0x94D049BB133111EB, pl.UInt64)
     z = z ^ (z // 2**31)
     return (z // 2**11).cast(pl.Float64) * (1.0 / 2**53)
+
+
+def _splitmix64(value: int) -> int:
+    mask = 2**64 - 1
+    z = (value + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
