@@ -299,7 +299,7 @@ def evaluate(
         if rank == 0:
             discard_output(staging)
         raise
-    for gate in result.gates:
+    for gate in result.gates if rank == 0 else ():
         logger.info("gate %s", gate.describe())
     if gates_raise:
         raise_for_failures(result.gates)

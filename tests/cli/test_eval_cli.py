@@ -182,3 +182,25 @@ def test_mlflow_run_has_metrics_artifacts_and_training_run_tag(
     assert "logloss" in run.data.metrics and "calibration" in run.data.metrics
     artifacts = {a.path for a in MlflowClient(uri).list_artifacts(result.run_id)}
     assert {"metrics.json", "reliability.png", "scores.png"} <= artifacts
+
+
+@pytest.mark.distributed
+def test_two_processes_give_the_one_process_metrics(
+    scored: tuple[Path, Path, np.ndarray], tmp_path: Path
+) -> None:
+    dataset, preds, _ = scored
+    common = ["eval", "--predictions", str(preds), "--dataset", str(dataset),
+              "--segment-by", "C2", "--no-track"]
+    assert run_cli([*common, "--out", str(tmp_path / "one")]) == 0
+    code = run_cli([*common, "--out", str(tmp_path / "two"), "--nproc-per-node", "2",
+                    "--gate", "auc>=0.99"])
+    assert code == 2  # the parent reports the ranks' failed gate
+    one = json.loads((tmp_path / "one" / "metrics.json").read_text())
+    two = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    assert two["world_size"] == 2 and two["rows"] == one["rows"]
+    for key in ("auc", "pr_auc", "logloss", "ne", "calibration", "ece", "baseline_feature_auc"):
+        assert two[key] == pytest.approx(one[key], rel=1e-12, abs=1e-12), key
+    seg_one = json.loads((tmp_path / "one" / "segments" / "C2.json").read_text())
+    seg_two = json.loads((tmp_path / "two" / "segments" / "C2.json").read_text())
+    assert [r["segment"] for r in seg_one] == [r["segment"] for r in seg_two]
+    assert [r["auc"] for r in seg_one] == pytest.approx([r["auc"] for r in seg_two])
