@@ -7,6 +7,12 @@ Example:
 
 from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig
+from ctrctl.modules.embedding_modules import EmbeddingBagCollection
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 
-__all__ = ["BatchedEmbeddingBag", "EmbeddingBagConfig", "EmbeddingOptimizerConfig"]
+__all__ = [
+    "BatchedEmbeddingBag",
+    "EmbeddingBagCollection",
+    "EmbeddingBagConfig",
+    "EmbeddingOptimizerConfig",
+]

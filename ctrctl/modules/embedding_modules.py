@@ -1,0 +1,282 @@
+"""EmbeddingBagCollection: KeyedJaggedTensor in, pooled KeyedTensor out, on batched kernels.
+
+Tables are grouped into one :class:`BatchedEmbeddingBag` per compatible group (same pooling
+and storage type; the optimizer is one per collection), so 26 tables of a DLRM are one kernel
+call. Inside a group, features are ordered by table, as FBGEMM wants them::
+
+    tables   t_a: [f1]   t_b: [f2, f3]   (all sum pooling, fp32)
+    kernel   feature_table_map = [0, 1, 1]   features f1, f2, f3
+    input    KJT with keys in any order (extra keys are ignored)
+    output   KeyedTensor(keys=[f1, f2, f3], length_per_key=[dim_a, dim_b, dim_b])
+
+The embedding weights never get a ``.grad``: the optimizer runs inside backward. The
+collection's ``state_dict`` shows one ``embedding_bags.<table>.weight`` per table (as TorchRec
+names it) instead of the kernels' flat buffers.
+
+Example:
+    >>> ebc = EmbeddingBagCollection(
+    ...     [EmbeddingBagConfig("t_C1", 1000, 16, ["C1"]), EmbeddingBagConfig("t_C2", 50, 16, ["C2"])],
+    ...     optimizer=EmbeddingOptimizerConfig(kind="exact_rowwise_adagrad", lr=0.02))
+    >>> kt = ebc(kjt)                  # kt.values(): (B, 32)
+    >>> ebc.embedding_bag_weights()["t_C2"].shape    # torch.Size([50, 16])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from ctrctl.errors import CheckpointError, SparseInputError
+from ctrctl.modules.batched_embedding import Backend, BatchedEmbeddingBag
+from ctrctl.modules.embedding_configs import EmbeddingBagConfig, check_unique_names
+from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
+from ctrctl.sparse import KeyedJaggedTensor, KeyedTensor
+
+
+class EmbeddingBagCollection(nn.Module):
+    """Pooled embedding lookups for many tables with a fused optimizer.
+
+    Args:
+        tables: the table configs; a table may serve several features.
+        optimizer: the optimizer fused into backward (default exact rowwise Adagrad).
+        device: where weights live ("cpu" or a CUDA device).
+        backend: "auto" (FBGEMM when it can, plain torch otherwise), "fbgemm" or "torch".
+        seed: seed of the weight initialisation (uniform in each config's init range).
+        bounds_check: FBGEMM's id check ("warning", "fatal", "none").
+
+    Example:
+        >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig("t", 100, 8, ["f"])], seed=0)
+        >>> ebc(kjt).to_dict()["f"].shape      # (B, 8)
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[EmbeddingBagConfig],
+        optimizer: EmbeddingOptimizerConfig | None = None,
+        device: torch.device | str | None = None,
+        backend: Backend | str = "auto",
+        seed: int | None = 0,
+        bounds_check: str = "warning",
+    ) -> None:
+        super().__init__()
+        check_unique_names(tables)
+        self._configs = list(tables)
+        self.optimizer = optimizer or EmbeddingOptimizerConfig()
+        self.device = torch.device(device or "cpu")
+
+        # Group tables that can share one kernel, keeping the config order inside a group.
+        groups: dict[tuple[str, str], list[int]] = {}
+        for t, cfg in enumerate(self._configs):
+            groups.setdefault((cfg.pooling, cfg.data_type), []).append(t)
+        self._group_tables = list(groups.values())
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.bags = nn.ModuleList()
+        self._input_features: list[str] = []  # kernel input order: by group, then table
+        self._group_sizes: list[int] = []
+        self._table_slot: dict[str, tuple[int, int]] = {}  # table -> (group, index in group)
+        for g, ((pooling, data_type), members) in enumerate(groups.items()):
+            configs = [self._configs[t] for t in members]
+            feature_table_map = [i for i, c in enumerate(configs) for _ in c.feature_names]
+            weights = [c.init_weight(generator) for c in configs]
+            self.bags.append(
+                BatchedEmbeddingBag(
+                    [(c.num_embeddings, c.embedding_dim) for c in configs],
+                    feature_table_map,
+                    optimizer=self.optimizer,
+                    pooling=pooling,
+                    device=self.device,
+                    backend=backend,
+                    data_type=data_type,
+                    weights=weights,
+                    bounds_check=bounds_check,
+                )
+            )
+            features = [f for c in configs for f in c.feature_names]
+            self._input_features += features
+            self._group_sizes.append(len(features))
+            for i, c in enumerate(configs):
+                self._table_slot[c.name] = (g, i)
+
+        # Output in config order; the kernels produce input order.
+        self._feature_names = [f for c in self._configs for f in c.feature_names]
+        dim_of = {f: c.embedding_dim for c in self._configs for f in c.feature_names}
+        self._dims = [dim_of[f] for f in self._feature_names]
+        self._column_index: torch.Tensor | None = None
+        if self._input_features != self._feature_names:
+            start, columns = 0, {}
+            for f in self._input_features:
+                columns[f] = torch.arange(start, start + dim_of[f])
+                start += dim_of[f]
+            self._column_index = torch.cat([columns[f] for f in self._feature_names])
+        self._permute_cache: dict[tuple[str, ...], list[int] | None] = {}
+        self._register_state_dict_hook(_save_per_table_weights)
+        self._register_load_state_dict_pre_hook(_load_per_table_weights, with_module=True)
+
+    def _kernels(self) -> list[BatchedEmbeddingBag]:
+        return [cast(BatchedEmbeddingBag, bag) for bag in self.bags]
+
+    # ---- lookups ------------------------------------------------------------------------
+
+    def _input_permutation(self, keys: list[str]) -> list[int] | None:
+        """Indices that bring ``keys`` to kernel input order (None when already in it)."""
+        cache_key = tuple(keys)
+        if cache_key not in self._permute_cache:
+            if keys == self._input_features:
+                self._permute_cache[cache_key] = None
+            else:
+                position = {k: i for i, k in enumerate(keys)}
+                missing = [f for f in self._input_features if f not in position]
+                if missing:
+                    raise SparseInputError(
+                        f"features {missing} are missing from the batch (keys {keys})",
+                        where="EmbeddingBagCollection",
+                        hint="every feature of every table needs a key, even with empty bags",
+                    )
+                self._permute_cache[cache_key] = [position[f] for f in self._input_features]
+        return self._permute_cache[cache_key]
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        """Pool each feature's bags: (B, sum of dims), keys in config order.
+
+        Args:
+            features: the batch; weights, if present, make the pooling weighted.
+        """
+        order = self._input_permutation(features.keys())
+        kjt = features if order is None else features.permute(order)
+        if len(self.bags) == 1:
+            pooled = self.bags[0](kjt.values(), kjt.offsets(), kjt.weights_or_none())
+        else:
+            parts = kjt.split(self._group_sizes)
+            pooled = torch.cat(
+                [
+                    bag(part.values(), part.offsets(), part.weights_or_none())
+                    for bag, part in zip(self._kernels(), parts, strict=True)
+                ],
+                dim=1,
+            )
+        if self._column_index is not None:
+            pooled = pooled.index_select(1, self._column_index.to(pooled.device))
+        return KeyedTensor(self._feature_names, self._dims, pooled)  # (B, sum of dims)
+
+    # ---- configuration and state --------------------------------------------------------
+
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+        return list(self._configs)
+
+    def feature_names(self) -> list[str]:
+        """Output keys, in config order."""
+        return list(self._feature_names)
+
+    def backends(self) -> list[str]:
+        """The kernel each group runs on ("fbgemm" or "torch")."""
+        return [bag.backend for bag in self._kernels()]
+
+    def embedding_bag_weights(self) -> dict[str, torch.Tensor]:
+        """One (rows, dim) view per table name (writes go through; clone to snapshot)."""
+        out = {}
+        split = [bag.split_weights() for bag in self._kernels()]
+        for cfg in self._configs:
+            g, i = self._table_slot[cfg.name]
+            out[cfg.name] = split[g][i]
+        return out
+
+    @torch.no_grad()
+    def load_embedding_bag_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copy (rows, dim) weights by table name; every table must be given."""
+        targets = self.embedding_bag_weights()
+        missing = sorted(set(targets) - set(weights))
+        unknown = sorted(set(weights) - set(targets))
+        if missing or unknown:
+            problems = [f"weights for tables {missing} are missing"] if missing else []
+            problems += [f"tables {unknown} are unknown"] if unknown else []
+            raise CheckpointError(
+                "; ".join(problems),
+                where="EmbeddingBagCollection.load_embedding_bag_weights",
+                hint="load weights saved from a collection with the same tables",
+            )
+        for name, target in targets.items():
+            if tuple(weights[name].shape) != tuple(target.shape):
+                raise CheckpointError(
+                    f"table {name!r}: weight of shape {tuple(weights[name].shape)} does not fit "
+                    f"{tuple(target.shape)}",
+                    where="EmbeddingBagCollection.load_embedding_bag_weights",
+                )
+            target.copy_(weights[name])
+
+    def optimizer_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Fused optimizer state per table name, e.g. {"t_C1": {"momentum1": (rows,)}}."""
+        states = [bag.optimizer_state() for bag in self._kernels()]
+        out = {}
+        for cfg in self._configs:
+            g, i = self._table_slot[cfg.name]
+            out[cfg.name] = states[g][i]
+        return out
+
+    @torch.no_grad()
+    def load_optimizer_state(self, states: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        """Copy fused optimizer state by table name (as :meth:`optimizer_state` gives it)."""
+        targets = self.optimizer_state()
+        missing = sorted(set(targets) - set(states))
+        if missing:
+            raise CheckpointError(
+                f"optimizer state for tables {missing} is missing",
+                where="EmbeddingBagCollection.load_optimizer_state",
+            )
+        for name, target in targets.items():
+            if set(target) != set(states[name]):
+                raise CheckpointError(
+                    f"table {name!r}: optimizer state has {sorted(states[name])}, expected "
+                    f"{sorted(target)}",
+                    where="EmbeddingBagCollection.load_optimizer_state",
+                    hint="resume with the same embedding optimizer",
+                )
+            for key, tensor in target.items():
+                tensor.copy_(states[name][key].reshape(tensor.shape))
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Change the fused optimizer's learning rate for every table."""
+        for bag in self._kernels():
+            bag.set_learning_rate(lr)
+
+
+def _save_per_table_weights(
+    module: EmbeddingBagCollection, state_dict: dict[str, Any], prefix: str, local_metadata: Any
+) -> None:
+    """state_dict post-hook: replace the kernels' buffers by one weight per table."""
+    for key in [k for k in state_dict if k.startswith(prefix + "bags.")]:
+        del state_dict[key]
+    for name, weight in module.embedding_bag_weights().items():
+        state_dict[f"{prefix}embedding_bags.{name}.weight"] = weight.detach()
+
+
+def _load_per_table_weights(
+    module: EmbeddingBagCollection,
+    state_dict: dict[str, Any],
+    prefix: str,
+    local_metadata: Any,
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+) -> None:
+    """load_state_dict pre-hook: copy per-table weights in; let the kernels load themselves."""
+    weights = module.embedding_bag_weights()
+    with torch.no_grad():
+        for name, target in weights.items():
+            key = f"{prefix}embedding_bags.{name}.weight"
+            if key not in state_dict:
+                missing_keys.append(key)
+                continue
+            source = state_dict.pop(key)
+            if tuple(source.shape) != tuple(target.shape):
+                error_msgs.append(
+                    f"{key}: shape {tuple(source.shape)} does not fit {tuple(target.shape)}"
+                )
+                continue
+            target.copy_(source)
+    # The kernels' own buffers are not in a per-table state_dict: keep their current values.
+    for key, value in module.bags.state_dict(prefix=prefix + "bags.", keep_vars=True).items():
+        state_dict.setdefault(key, value)
