@@ -1,34 +1,134 @@
-"""Glue between sharded modules and checkpoints: gather, export and import full tables.
+"""Glue between sharded modules and the checkpoint format of :mod:`ctrctl.training.checkpoint`.
+
+Each rank saves the blocks it holds (data-parallel replicas once, from rank 0); loading asks
+the checkpoint for exactly the blocks the *current* plan puts on this rank, assembled from
+whichever saved pieces overlap them, so a model saved on 2 ranks resumes on 3, or on 1, or
+under another plan. Full tables go out (:func:`gather_table_weights`, for export) and come in
+(:func:`load_full_weights`) unsharded.
 
 Example:
-    >>> full = gather_table_weights(sharded_ebc)     # on every rank: name -> full table
+    >>> path = save_sharded(out / "checkpoints", step, dmp, dense_state, opt.state_dict(),
+    ...                     {"epoch": 0}, metadata)
+    >>> load_sharded(path, new_dmp)                 # any world size, any plan
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from ctrctl.distributed import comm
 from ctrctl.distributed.embeddingbag import ShardedEmbeddingBagCollection
+from ctrctl.distributed.sharding.base import LocalShard
+from ctrctl.errors import CheckpointError
+from ctrctl.training import checkpoint as ckpt
 
 
-def gather_table_weights(
-    module: ShardedEmbeddingBagCollection, group: object | None = None
-) -> dict[str, torch.Tensor]:
-    """Every table's full (unsharded) weight, assembled on every rank from all ranks' shards.
+def _sharded(module: nn.Module) -> list[ShardedEmbeddingBagCollection]:
+    return [m for m in module.modules() if isinstance(m, ShardedEmbeddingBagCollection)]
 
-    Meant for export and tests (it moves every table through every rank): checkpoints of
-    large models save shards instead.
+
+def local_shards(module: nn.Module, with_replicas: bool = True) -> list[LocalShard]:
+    """The table blocks this rank holds in ``module`` (a DMP, a model or a sharded collection).
+
+    Args:
+        with_replicas: include data-parallel replicas (False on ranks other than the one that
+            saves them).
     """
-    mine = [(s.table, s.metadata, s.weight.detach().clone()) for s in module.local_shards()]
-    gathered: list[object] = [None] * dist.get_world_size(group)
+    return [s for m in _sharded(module) for s in m.local_shards()
+            if with_replicas or not s.replicated]
+
+
+def table_shards(module: nn.Module, rank: int) -> list[ckpt.TableShard]:
+    """This rank's blocks as checkpoint pieces (replicas from rank 0 only)."""
+    return [ckpt.TableShard(s.table, s.metadata.row_offset, s.metadata.col_offset,
+                            s.weight.detach(), dict(s.optimizer_state))
+            for s in local_shards(module, with_replicas=rank == 0)]
+
+
+def save_sharded(
+    checkpoints: str | Path,
+    step: int,
+    module: nn.Module,
+    dense_state: Mapping[str, torch.Tensor],
+    dense_optim_state: Mapping[str, Any],
+    trainer_state: Mapping[str, Any],
+    metadata: Mapping[str, Any],
+    process_group: Any | None = None,
+) -> Path:
+    """Write a checkpoint of a sharded model atomically; every rank calls it.
+
+    A rank that dies while writing leaves only a temporary folder: the step folder appears
+    (by rename) after every rank has written its pieces.
+    """
+    rank, world = dist.get_rank(process_group), dist.get_world_size(process_group)
+    with comm.collective("sharded checkpoint save"):
+        return ckpt.save_checkpoint(checkpoints, step, table_shards(module, rank), dense_state,
+                                    dense_optim_state, trainer_state, metadata, rank=rank,
+                                    world_size=world, process_group=process_group)
+
+
+@torch.no_grad()
+def load_sharded(path: str | Path, module: nn.Module, with_optimizer: bool = True) -> None:
+    """Fill every block this rank holds from a checkpoint written under any world size/plan."""
+    shards = local_shards(module)
+    wanted = [(s.table, s.metadata.row_offset, s.metadata.col_offset, s.metadata.rows,
+               s.metadata.cols) for s in shards]
+    loaded = ckpt.load_table_shards(path, wanted, with_optimizer=with_optimizer)
+    for shard, piece in zip(shards, loaded, strict=True):
+        shard.weight.copy_(piece.weight.to(shard.weight.dtype))
+        if not with_optimizer:
+            continue
+        if set(shard.optimizer_state) != set(piece.optimizer_state):
+            raise CheckpointError(
+                f"table {shard.table!r}: the checkpoint holds optimizer state "
+                f"{sorted(piece.optimizer_state)} but the model's is "
+                f"{sorted(shard.optimizer_state)}", where=str(path),
+                hint="resume with the same embedding optimizer")
+        for name, target in shard.optimizer_state.items():
+            target.copy_(piece.optimizer_state[name].reshape(target.shape).to(target.dtype))
+
+
+def gather_table_weights(module: nn.Module, group: Any | None = None) -> dict[str, torch.Tensor]:
+    """Every table's full (unsharded) weight, assembled on every rank from all ranks' blocks.
+
+    For export and tests (every table passes through every rank); checkpoints save blocks.
+    """
+    mine = [(s.table, s.metadata, s.weight.detach().clone())
+            for s in local_shards(module, with_replicas=dist.get_rank(group) == 0)]
+    gathered: list[Any] = [None] * dist.get_world_size(group)
     with comm.collective("gather of table weights"):
         dist.all_gather_object(gathered, mine, group=group)
-    full: dict[str, torch.Tensor] = {
-        t.name: torch.zeros(t.num_embeddings, t.embedding_dim) for t in module.tables}
+    full = {t.name: torch.zeros(t.num_embeddings, t.embedding_dim)
+            for m in _sharded(module) for t in m.tables}
     for shards in gathered:
-        for table, meta, weight in shards:  # type: ignore[union-attr]
+        for table, meta, weight in shards:
             full[table][meta.row_offset:meta.row_offset + meta.rows,
                         meta.col_offset:meta.col_offset + meta.cols] = weight
     return full
+
+
+@torch.no_grad()
+def load_full_weights(module: nn.Module, weights: Mapping[str, torch.Tensor],
+                      optimizer_states: Mapping[str, Mapping[str, torch.Tensor]]
+                      | None = None) -> None:
+    """Import full (unsharded) tables, e.g. from ``export_table_weights``, into the blocks."""
+    for m in _sharded(module):
+        missing = [t.name for t in m.tables if t.name not in weights]
+        if missing:
+            raise CheckpointError(f"no weights for tables {missing}",
+                                  hint="export every table of the model")
+        for t in m.tables:
+            if tuple(weights[t.name].shape) != (t.num_embeddings, t.embedding_dim):
+                raise CheckpointError(
+                    f"table {t.name!r}: weight of shape {tuple(weights[t.name].shape)} does "
+                    f"not fit ({t.num_embeddings}, {t.embedding_dim})")
+        m.load_table_weights(weights, optimizer_states)
+        for s in m.local_shards():
+            if s.replicated:
+                s.weight.copy_(weights[s.table])

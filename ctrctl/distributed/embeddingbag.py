@@ -39,6 +39,7 @@ from ctrctl.distributed.sharding.twrw import TwrwSharding
 from ctrctl.distributed.types import ParameterSharding, ShardingPlan, ShardingType
 from ctrctl.errors import PlanError, SparseInputError
 from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
+from ctrctl.modules.embedding_modules import EmbeddingBagCollection
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.sparse.jagged_tensor import KeyedJaggedTensor
 from ctrctl.sparse.keyed_tensor import KeyedTensor
@@ -203,21 +204,28 @@ class EmbeddingBagCollectionSharder:
         """Every type runs on CPU (gloo) and CUDA (NCCL), row-wise ones included."""
         return list(SHARDING_CLASSES)
 
-    def shard(self, module: nn.Module, plan: ShardingPlan | Mapping[str, ParameterSharding],
+    def shard(self, module: EmbeddingBagCollection,
+              plan: ShardingPlan | Mapping[str, ParameterSharding],
               group: Any | None = None) -> ShardedEmbeddingBagCollection:
-        """Shard ``module``'s tables per ``plan``, copying its weights (and optimizer state)."""
-        tables = list(module.embedding_bag_configs())  # type: ignore[operator]
+        """Shard ``module``'s tables per ``plan``, copying its weights and optimizer state.
+
+        Args:
+            module: the unsharded collection (every rank holds the same one).
+            plan: a whole plan (validated against the module's tables here) or its entries.
+            group: the process group.
+        """
+        tables = module.embedding_bag_configs()
         entries = plan.tables if isinstance(plan, ShardingPlan) else plan
         if isinstance(plan, ShardingPlan):
             plan.validate({t.name: (t.num_embeddings, t.embedding_dim) for t in tables},
                           world_size=dist.get_world_size(group))
-        optimizer = module.optimizer_config  # type: ignore[attr-defined]
+        backends = set(module.backends())
         sharded = ShardedEmbeddingBagCollection(
-            tables, {t.name: entries[t.name] for t in tables}, optimizer, group,
-            self.gradient_division)
-        weights = module.table_weights()  # type: ignore[operator]
-        states = module.table_optimizer_states()  # type: ignore[operator]
-        sharded.load_table_weights(weights, states)
+            tables, {t.name: entries[t.name] for t in tables if t.name in entries},
+            module.optimizer, group, self.gradient_division,
+            backend=backends.pop() if len(backends) == 1 else "auto")
+        weights = module.embedding_bag_weights()
+        sharded.load_table_weights(weights, module.optimizer_state())
         if ShardingType.DATA_PARALLEL.value in sharded.groups:
             dp = sharded.groups[ShardingType.DATA_PARALLEL.value]
             with torch.no_grad():

@@ -185,7 +185,9 @@ def golden_cases(world_size: int) -> list[GoldenCase]:
                             batch_per_rank=uneven))
     cases.append(GoldenCase("row_wise/unequal-batches", "row_wise",
                             batch_per_rank=uneven))
-    cases.append(GoldenCase("mixed2/plain-torch-kernel", mixed2, "exact_rowwise_adagrad",
+    mixed3 = {"t0": "row_wise", "t1": "table_wise", "t2": "table_row_wise",
+              "t3": "data_parallel"}
+    cases.append(GoldenCase("mixed3/plain-torch-kernel", mixed3, "exact_rowwise_adagrad",
                             backend="torch"))
     if world_size % 2 == 0 and world_size > 2:
         two_hosts = {"t0": "table_row_wise", "t1": "table_column_wise", "t2": "table_row_wise",

@@ -36,12 +36,14 @@ class LocalShard:
         metadata: its block (rank, offsets, size).
         weight: (rows, cols) tensor, a view of the kernel's storage (writes go through).
         optimizer_state: name -> tensor views (e.g. ``momentum1``: (rows,) for rowwise Adagrad).
+        replicated: a data-parallel replica (every rank holds the same; save it once).
     """
 
     table: str
     metadata: ShardMetadata
     weight: torch.Tensor
     optimizer_state: dict[str, torch.Tensor]
+    replicated: bool = False
 
 
 class EmbeddingSharding(nn.Module, abc.ABC):

@@ -67,5 +67,6 @@ class DpSharding(EmbeddingSharding):
 
     def local_shards(self) -> list[LocalShard]:
         return [LocalShard(t.name, ShardMetadata(self.rank, 0, 0, t.num_embeddings,
-                                                 t.embedding_dim), w.data, {})
+                                                 t.embedding_dim), w.data, {},
+                           replicated=True)
                 for t, w in zip(self.tables, self.weights, strict=True)]
