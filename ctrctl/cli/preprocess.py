@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -45,6 +47,8 @@ def preprocess_command(
     """Preprocess raw logs (Criteo/Avazu or any CSV/TSV/Parquet a schema describes)."""
     from ctrctl.data.preprocess import preprocess
 
+    # kill (SIGTERM) unwinds like Ctrl-C, so the temporary output folder is removed.
+    signal.signal(signal.SIGTERM, _interrupt)
     manifest = preprocess(
         schema, inputs, out, split_ratio=split_ratio, seed=seed, split_by_day=split_by_day,
         reuse_transforms=reuse_transforms, on_bad_rows=on_bad_rows,  # type: ignore[arg-type]
@@ -63,6 +67,10 @@ def preprocess_command(
     sizes = manifest.table_sizes()
     console.print(f"{len(manifest.dense)} dense, {len(sizes)} sparse features, "
                   f"{sum(sizes.values()):,} embedding rows")
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def register(app: typer.Typer) -> None:
