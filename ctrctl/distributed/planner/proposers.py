@@ -25,10 +25,12 @@ Example:
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
+from ctrctl.distributed.planner.estimators import step_overhead
 from ctrctl.distributed.planner.partitioners import RankState, best_placement
 from ctrctl.distributed.planner.topology import Topology
 from ctrctl.distributed.planner.types import Placement, Proposer, ShardingOption
@@ -49,9 +51,13 @@ class Failure:
 
 
 def _candidates(options: list[ShardingOption], state: RankState, world: int,
-                remaining: float, current_max: float
+                remaining: float, current_max: float, types: set[str]
                 ) -> tuple[tuple[float, float, float], Placement] | None:
-    """The best placement over ``options`` by the bound, or None when none fits."""
+    """The best placement over ``options`` by the bound, or None when none fits.
+
+    The bound includes the fixed latency of the collectives of every sharding type in use,
+    so a new type must pay for its own collectives."""
+    topology = state.topology
     best: tuple[tuple[float, float, float], Placement] | None = None
     feasible_shapes: set[tuple[str, int]] = set()
     for option in options:
@@ -64,7 +70,8 @@ def _candidates(options: list[ShardingOption], state: RankState, world: int,
         feasible_shapes.add(shape)
         touched = _touched_max(state, placement)
         bound = max(current_max, touched,
-                    (state.total + option.total_cost + remaining) / world)
+                    (state.total + option.total_cost + remaining) / world
+                    ) + step_overhead(types | {option.sharding_type}, topology)
         score = (bound, option.total_cost, touched)
         if best is None or score < best[0]:
             best = (score, placement)
@@ -105,15 +112,17 @@ class GreedyProposer(Proposer):
         remaining = float(sum(cheapest))
         placements: list[Placement | None] = [None] * len(options)
         current_max = 0.0
+        types: set[str] = set()
         for index in order:
             remaining -= cheapest[index]
-            best = _candidates(options[index], state, world, remaining, current_max)
+            best = _candidates(options[index], state, world, remaining, current_max, types)
             if best is None:
                 self.failure = Failure(index, state)
                 return None
             placement = best[1]
             state.add(placement)
             current_max = max(current_max, float(state.load[placement.ranks].max()))
+            types.add(placement.option.sharding_type)
             placements[index] = placement
         self.failure = None
         return [p for p in placements if p is not None]
@@ -154,10 +163,13 @@ def improve(placements: list[Placement], options: list[list[ShardingOption]],
     for i in range(len(placements)):
         index_add(i)
 
+    type_counts = Counter(p.option.sharding_type for p in placements)
     for _ in range(rounds):
         slowest = int(np.argmax(state.load))
         top = float(state.load[slowest])
         limit = top * (1 - _EPS) - 1e-15
+        overhead = step_overhead(set(type_counts), topology)
+        objective = top + overhead
         tables = sorted(by_rank.get(slowest, set()) | {i for i in spread
                                                         if slowest in placements[i].ranks},
                         key=lambda i: (-float(placements[i].option.cost[
@@ -166,6 +178,8 @@ def improve(placements: list[Placement], options: list[list[ShardingOption]],
         for i in tables:
             old = placements[i]
             state.remove(old)
+            type_counts[old.option.sharding_type] -= 1
+            others = {t for t, n in type_counts.items() if n > 0}
             best: tuple[tuple[float, float], Placement] | None = None
             for option in options[i]:
                 found = best_placement(state, option)
@@ -175,17 +189,28 @@ def improve(placements: list[Placement], options: list[list[ShardingOption]],
                 after = state.load.copy()
                 np.add.at(after, placement.ranks, option.cost)
                 touched = float(after[placement.ranks].max())
-                if touched >= limit or after[slowest] >= limit:
+                new_overhead = step_overhead(others | {option.sharding_type}, topology)
+                if new_overhead > overhead:
+                    # A new sharding type adds collectives: only worth it if the step gets
+                    # faster as a whole.
+                    if float(after.max()) + new_overhead >= objective * (1 - _EPS):
+                        continue
+                elif new_overhead < overhead and \
+                        float(after.max()) + new_overhead < objective * (1 - _EPS):
+                    pass  # one type fewer and a faster step
+                elif touched >= limit or after[slowest] >= limit:
                     continue
-                score = (touched, option.total_cost)
+                score = (touched + new_overhead, option.total_cost)
                 if best is None or score < best[0]:
                     best = (score, placement)
             if best is None:
                 state.add(old)
+                type_counts[old.option.sharding_type] += 1
                 continue
             index_remove(i)
             placements[i] = best[1]
             state.add(best[1])
+            type_counts[best[1].option.sharding_type] += 1
             index_add(i)
             changed = True
             break

@@ -1,0 +1,220 @@
+"""Plan quality and speed: ctrctl's planner against TorchRec 1.8.0's, in one run.
+
+For each table set x topology, both planners plan the same tables on the same topology
+(TorchRec's defaults: 32 GiB HBM, 897 GiB/s, 8 ranks per host); TorchRec's plan is converted
+to a ctrctl ShardingPlan and both are scored by ctrctl's cost model, so the ratio compares
+the plans, not the models. TorchRec runs in a child process with a time limit per case.
+
+    .venv/bin/python scripts/bench_planner.py            # full suite
+    .venv/bin/python scripts/bench_planner.py --quick    # small and fast
+
+Columns: slowest-rank estimate of each plan (ms), ratio ctrctl / TorchRec (< 1: ctrctl's
+plan is faster), planning seconds of each (median of repeats for ctrctl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ctrctl.distributed.planner import EmbeddingShardingPlanner, Topology, rate_plan
+from ctrctl.distributed.planner.suites import (
+    criteo_1tb,
+    few_huge_many_small,
+    random_tables,
+    skewed,
+    uniform,
+)
+from ctrctl.distributed.planner.types import TableSpec
+from ctrctl.distributed.types import ParameterSharding, ShardingPlan, ShardMetadata
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a small, fast variant")
+    parser.add_argument("--out", type=Path, default=Path("bench-out/planner.json"))
+    parser.add_argument("--repeats", type=int, default=3, help="ctrctl plans per case")
+    parser.add_argument("--torchrec-timeout", type=float, default=None,
+                        help="seconds TorchRec may take per case (default 20 quick, 120 full)")
+    parser.add_argument("--batch-size", type=int, default=512, help="per rank")
+    parser.add_argument("--no-torchrec", action="store_true", help="skip the reference")
+    return parser.parse_args(argv)
+
+
+def cases(quick: bool) -> list[tuple[str, list[TableSpec], int, int]]:
+    """(name, tables, world size, ranks per host)."""
+    if quick:
+        return [
+            ("uniform-26", uniform(26, 1_000_000), 8, 8),
+            ("criteo-1tb", criteo_1tb(), 8, 8),
+            ("skewed-40", skewed(40), 8, 8),
+            ("huge+small", few_huge_many_small(30, 4), 8, 8),
+            ("scale-1000x4096", random_tables(1000), 4096, 8),
+        ]
+    return [
+        ("uniform-26", uniform(26, 1_000_000), 8, 8),
+        ("uniform-26", uniform(26, 1_000_000), 64, 8),
+        ("criteo-1tb", criteo_1tb(), 8, 8),
+        ("criteo-1tb", criteo_1tb(), 64, 8),
+        ("criteo-1tb", criteo_1tb(), 512, 8),
+        ("skewed-40", skewed(40), 8, 8),
+        ("skewed-40", skewed(40), 16, 8),
+        ("skewed-40", skewed(40), 64, 8),
+        ("skewed-80", skewed(80, seed=3), 32, 8),
+        ("huge+small", few_huge_many_small(100, 4), 8, 8),
+        ("huge+small", few_huge_many_small(100, 4), 64, 8),
+        ("scale-1000x4096", random_tables(1000), 4096, 8),
+    ]
+
+
+# ---- TorchRec, in a child process --------------------------------------------------------
+def _torchrec_plan(tables: list[dict[str, Any]], world: int, local: int, batch: int,
+                   topo: dict[str, Any], queue: Any) -> None:
+    try:
+        import torch
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.planner import EmbeddingShardingPlanner as TRPlanner
+        from torchrec.distributed.planner import ParameterConstraints
+        from torchrec.distributed.planner import Topology as TRTopology
+        from torchrec.modules.embedding_configs import EmbeddingBagConfig
+        from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+        ebc = EmbeddingBagCollection(
+            tables=[EmbeddingBagConfig(name=t["name"], embedding_dim=t["dim"],
+                                       num_embeddings=t["rows"], feature_names=[t["name"]])
+                    for t in tables], device=torch.device("meta"))
+        per_ms = 1000.0  # TorchRec's bandwidths are bytes per millisecond
+        topology = TRTopology(
+            world_size=world, compute_device="cuda", local_world_size=local,
+            hbm_cap=int(topo["hbm_bytes"]), ddr_cap=int(topo["ddr_bytes"]),
+            hbm_mem_bw=topo["hbm_bw"] / per_ms, ddr_mem_bw=topo["ddr_bw"] / per_ms,
+            hbm_to_ddr_mem_bw=topo["hbm_to_ddr_bw"] / per_ms,
+            intra_host_bw=topo["intra_host_bw"] / per_ms,
+            inter_host_bw=topo["inter_host_bw"] / per_ms)
+        constraints = {t["name"]: ParameterConstraints(pooling_factors=[t["pooling"]])
+                       for t in tables}
+        planner = TRPlanner(topology=topology, batch_size=batch, constraints=constraints)
+        sharder = EmbeddingBagCollectionSharder(
+            fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD})
+        start = time.perf_counter()
+        plan = planner.plan(ebc, [sharder])
+        seconds = time.perf_counter() - start
+        out: dict[str, Any] = {}
+        for module_plan in plan.plan.values():
+            for name, ps in module_plan.items():  # type: ignore[attr-defined]
+                shards = []
+                if ps.sharding_spec is not None:
+                    for s in ps.sharding_spec.shards:
+                        rank = s.placement.rank()
+                        shards.append((rank, *s.shard_offsets, *s.shard_sizes))
+                out[name] = {"sharding_type": ps.sharding_type,
+                             "compute_kernel": ps.compute_kernel, "ranks": ps.ranks,
+                             "shards": shards}
+        queue.put(("ok", out, seconds))
+    except Exception as exc:  # reported in the table, not raised
+        queue.put(("error", f"{type(exc).__name__}: {str(exc)[:300]}", 0.0))
+
+
+def torchrec_plan(tables: list[TableSpec], topology: Topology, batch: int, timeout: float
+                  ) -> tuple[ShardingPlan | None, float, str]:
+    """TorchRec's plan as a ctrctl ShardingPlan, its planning seconds, and a note."""
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    payload = [{"name": t.name, "rows": t.num_embeddings, "dim": t.embedding_dim,
+                "pooling": t.pooling_factor} for t in tables]
+    proc = context.Process(target=_torchrec_plan, args=(
+        payload, topology.world_size, topology.local_world_size, batch, topology.to_dict(),
+        queue))
+    start = time.perf_counter()
+    proc.start()
+    try:
+        status, value, seconds = queue.get(timeout=timeout)
+    except Exception:
+        proc.kill()
+        proc.join()
+        return None, time.perf_counter() - start, f"no plan in {timeout:.0f} s"
+    proc.join()
+    if status != "ok":
+        return None, seconds, value
+    by_name = {t.name: t for t in tables}
+    converted = {}
+    for name, entry in value.items():
+        t = by_name[name]
+        if entry["shards"]:
+            shards = tuple(ShardMetadata(rank=r, row_offset=ro, col_offset=co, rows=nr, cols=nc)
+                           for r, ro, co, nr, nc in entry["shards"])
+        else:  # data_parallel: a replica on every rank
+            shards = tuple(ShardMetadata(rank=r, row_offset=0, col_offset=0,
+                                         rows=t.num_embeddings, cols=t.embedding_dim)
+                           for r in (entry["ranks"] or range(topology.world_size)))
+        converted[name] = ParameterSharding(
+            sharding_type=entry["sharding_type"], compute_kernel=entry["compute_kernel"],
+            num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim, shards=shards)
+    plan = ShardingPlan(world_size=topology.world_size,
+                        local_world_size=topology.local_world_size, tables=converted)
+    return plan, seconds, ""
+
+
+# ---- the run ------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    timeout = args.torchrec_timeout or (20.0 if args.quick else 120.0)
+    try:
+        import torchrec  # noqa: F401
+        have_torchrec = not args.no_torchrec
+    except ImportError:
+        have_torchrec = False
+        print("torchrec is not installed: `make bench-setup` installs it; ctrctl only",
+              file=sys.stderr)
+    rows = []
+    for name, tables, world, local in cases(args.quick):
+        topo = Topology.preset("torchrec", world, local)
+        seconds, result = [], None
+        for _ in range(1 if world >= 1024 else args.repeats):
+            start = time.perf_counter()
+            result = EmbeddingShardingPlanner(topo, args.batch_size).plan(tables)
+            seconds.append(time.perf_counter() - start)
+        assert result is not None
+        row: dict[str, Any] = {
+            "case": name, "tables": len(tables), "world_size": world,
+            "ctrctl_ms": result.step_time * 1e3, "ctrctl_plan_s": statistics.median(seconds),
+            "ctrctl_imbalance": result.imbalance,
+            "torchrec_ms": None, "ratio": None, "torchrec_plan_s": None, "note": "",
+        }
+        skip_reference = world >= 1024 and not args.quick and False
+        if have_torchrec and not skip_reference:
+            plan, tr_seconds, note = torchrec_plan(tables, topo, args.batch_size, timeout)
+            row["torchrec_plan_s"] = tr_seconds
+            row["note"] = note
+            if plan is not None:
+                rated = rate_plan(plan, tables, topo, args.batch_size)
+                row["torchrec_ms"] = rated.step_time * 1e3
+                row["ratio"] = result.step_time / rated.step_time
+        rows.append(row)
+        print(_format_row(row), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"batch_size": args.batch_size, "quick": args.quick,
+                                    "rows": rows}, indent=2))
+    print(f"results in {args.out}")
+    return 0
+
+
+def _format_row(row: dict[str, Any]) -> str:
+    def num(value: Any, fmt: str) -> str:
+        return format(value, fmt) if value is not None else "-"
+
+    return (f"{row['case']:<18} W={row['world_size']:<5} ctrctl {num(row['ctrctl_ms'], '9.3f')} ms "
+            f"torchrec {num(row['torchrec_ms'], '9.3f')} ms ratio {num(row['ratio'], '6.3f')} "
+            f"plan {num(row['ctrctl_plan_s'], '6.2f')} s vs {num(row['torchrec_plan_s'], '6.1f')} s"
+            f" {row['note']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
