@@ -24,6 +24,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,7 +43,7 @@ from ctrctl.data.readers import (
     scan_input,
 )
 from ctrctl.data.schema import Schema, load_schema
-from ctrctl.data.stats import dataset_features, locate_bad_row
+from ctrctl.data.stats import EXACT_CARDINALITY_ROWS, dataset_features, locate_bad_row
 from ctrctl.data.transforms import (
     BAD,
     BAD_REASONS,
@@ -303,6 +304,10 @@ def _run(
     else:
         vocabs = {}
         staged = bool(vocab_features)
+    # Input hashes are computed beside the parse (hashlib releases the GIL).
+    hasher = ThreadPoolExecutor(max_workers=1)
+    digests = {s.path: hasher.submit(file_digest, s.path) for s in sources}
+    hasher.shutdown(wait=False)
     jobs = _plan_jobs(schema, sources, ratio, seed, split_by_day)
     stage_dir = temp / "_staged" if staged else temp
     for job in jobs:
@@ -347,8 +352,9 @@ def _run(
     _number_parts(jobs)
 
     t0 = time.perf_counter()
+    hashes = {path: future.result() for path, future in digests.items()}
     manifest = _manifest(schema, jobs, counts, kinds, vocabs, temp, followed, followed_dir,
-                         ratio, seed, split_by_day, on_bad_rows, row_group_size)
+                         ratio, seed, split_by_day, on_bad_rows, row_group_size, hashes)
     manifest.save(temp)
     timings["stats"] = time.perf_counter() - t0
     return manifest, timings
@@ -473,6 +479,7 @@ def _manifest(
     split_by_day: bool,
     on_bad_rows: BadRows,
     row_group_size: int,
+    hashes: dict[Path, str],
 ) -> DatasetManifest:
     splits: dict[str, SplitInfo] = {}
     for split in SPLIT_NAMES:
@@ -495,7 +502,7 @@ def _manifest(
             "path": str(job.source.path.resolve()),
             "split": job.source.split,
             "bytes": job.source.path.stat().st_size,
-            "sha256": file_digest(job.source.path),
+            "sha256": hashes[job.source.path],
             "rows": {s: int(v["rows"]) for s, v in count.items() if v.get("rows")},
             "bad_rows": {r: sum(int(v.get(r, 0)) for v in count.values()) for r in BAD_REASONS},
         })
@@ -522,6 +529,8 @@ def _manifest(
         "on_bad_rows": on_bad_rows, "row_group_size": row_group_size,
         "compression": COMPRESSION, "polars_version": pl.__version__,
         "string_hash_seed": 0,
+        "cardinality": "exact" if splits[stats_split].rows <= EXACT_CARDINALITY_ROWS
+        else "approximate (HyperLogLog)",
     }
     return DatasetManifest(
         label=schema.label, dense=dense, sparse=sparse, splits=splits,
