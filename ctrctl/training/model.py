@@ -25,6 +25,7 @@ from ctrctl.config import PipelineConfig
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.distributed.types import ShardingPlan
 from ctrctl.errors import CheckpointError, ConfigError
+from ctrctl.modules import EmbeddingBagCollection
 from ctrctl.training import checkpoint as ckpt
 from ctrctl.training.optimizers import EMBEDDING_KINDS, embedding_optimizer
 
@@ -48,33 +49,30 @@ def table_name(feature: str) -> str:
 
 def build_model(config: PipelineConfig, manifest: DatasetManifest,
                 device: torch.device) -> nn.Module:
-    """A DLRM with one table per sparse feature of the manifest, sized by it.
+    """A DLRM with one table ``t_<feature>`` per sparse feature of the manifest, sized by it.
 
-    Parameters are initialised from torch's global RNG (seed it first for a repeatable run).
+    Tables are initialised from ``training.seed``, the MLPs from torch's global RNG (seed it
+    first for a repeatable run).
     """
-    from ctrctl.modules import DLRM, EmbeddingBagCollection, EmbeddingBagConfig
+    from ctrctl.modules import dlrm_from_manifest
 
     m = config.model
     if not manifest.sparse:
         raise ConfigError("the dataset has no sparse features to embed",
                           where="manifest.json", hint="a DLRM needs at least one")
-    tables = [
-        EmbeddingBagConfig(name=table_name(f.name), num_embeddings=f.num_embeddings,
-                           embedding_dim=m.embedding_dim, feature_names=[f.name])
-        for f in manifest.sparse
-    ]
-    ebc = EmbeddingBagCollection(tables, optimizer=embedding_optimizer(
-        config.embedding_optimizer), device=device)
-    model = DLRM(
-        ebc,
-        dense_in_features=len(manifest.dense),
+    return dlrm_from_manifest(
+        manifest,
+        embedding_dim=m.embedding_dim,
         dense_arch_layer_sizes=list(m.dense_arch),
         over_arch_layer_sizes=list(m.over_arch),
+        optimizer=embedding_optimizer(config.embedding_optimizer),
         interaction=m.interaction,
         dcn_num_layers=m.dcn_layers,
         dcn_low_rank_dim=m.dcn_rank,
+        device=device,
+        seed=config.training.seed,
+        dense_autocast=config.training.bf16,
     )
-    return model.to(device)
 
 
 def wrap_model(model: nn.Module, plan: ShardingPlan | None, process_group: Any) -> nn.Module:
@@ -107,7 +105,7 @@ def _embedding_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     for name, module in _unwrap(model).named_modules():
         if any(name.startswith(f + ".") for f in found):
             continue
-        if hasattr(module, "local_shards") or hasattr(module, "table_weights"):
+        if hasattr(module, "local_shards") or isinstance(module, EmbeddingBagCollection):
             found.append(name)
             yield name, module
 
@@ -159,8 +157,9 @@ def _blocks(model: nn.Module) -> list[tuple[nn.Module, str, int, int, torch.Tens
                 out.append((module, s.table, s.metadata.row_offset, s.metadata.col_offset,
                             s.weight, s.optimizer_state))
         else:
-            weights = getattr(module, "table_weights")()  # noqa: B009
-            states = getattr(module, "table_optimizer_states")()  # noqa: B009
+            assert isinstance(module, EmbeddingBagCollection)
+            weights = module.embedding_bag_weights()
+            states = module.optimizer_state()
             for name, weight in weights.items():
                 out.append((module, name, 0, 0, weight, dict(states.get(name, {}))))
     return out
@@ -176,7 +175,7 @@ def table_info(model: nn.Module, config: PipelineConfig) -> dict[str, dict[str, 
     """Per table: rows, dim and the embedding optimizer (the checkpoint's table entries)."""
     info = {}
     for _, module in _embedding_modules(model):
-        configs = (module.embedding_bag_configs() if hasattr(module, "embedding_bag_configs")
+        configs = (module.embedding_bag_configs() if isinstance(module, EmbeddingBagCollection)
                    else getattr(module, "tables", []))
         for t in configs:
             info[t.name] = {"rows": t.num_embeddings, "dim": t.embedding_dim,
