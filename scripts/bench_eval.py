@@ -67,6 +67,14 @@ def sklearn_metrics(labels: np.ndarray, scores: np.ndarray) -> dict[str, float]:
             "logloss": log_loss(labels, s)}
 
 
+def in_memory(rows: int, repeats: int) -> tuple[dict[str, float], float, Metrics, float]:
+    """scikit-learn and our exact path on every row held at once (freed on return)."""
+    labels, scores = synthetic_arrays(rows)
+    ref, t_ref = timed(lambda: sklearn_metrics(labels, scores), repeats)
+    ours, t_ours = timed(lambda: exact(labels, scores), repeats)
+    return ref, t_ref, ours, t_ours
+
+
 def timed(fn: Callable[[], Any], repeats: int) -> tuple[Any, float]:
     times, value = [], None
     for _ in range(repeats):
@@ -89,10 +97,7 @@ def peak_mib(fn: Callable[[], Any]) -> float:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rows = args.rows
-    labels, scores = synthetic_arrays(rows)
-    ref, t_ref = timed(lambda: sklearn_metrics(labels, scores), args.repeats)
-    ours_exact, t_exact = timed(lambda: exact(labels, scores), args.repeats)
-    del labels, scores
+    ref, t_ref, ours_exact, t_exact = in_memory(rows, args.repeats)
     ours_stream, t_stream = timed(lambda: streaming(rows, args.chunk_rows), args.repeats)
     mem_stream = peak_mib(lambda: streaming(rows, args.chunk_rows))
     mem_exact = peak_mib(lambda: exact(*synthetic_arrays(rows)))

@@ -192,10 +192,13 @@ class SegmentAccumulator:
         slots = self.max_segments + 1
         old_slots = np.concatenate([np.arange(len(self.values)), [self.max_segments]])
         hist = self.hist.reshape(3, slots, self.num_bins)
+        # two values can land on one row (both into __other__): add, do not assign
         new_hist = np.zeros_like(hist)
-        np.add.at(new_hist, (slice(None), remap), hist[:, old_slots])
         new_sums = np.zeros_like(self.sums)
-        np.add.at(new_sums, (slice(None), remap), self.sums[:, old_slots])
+        for k in range(3):
+            np.add.at(new_hist[k], remap, hist[k, old_slots])
+        for k in range(self.sums.shape[0]):
+            np.add.at(new_sums[k], remap, self.sums[k, old_slots])
         for array in (new_hist, new_sums):
             dist.all_reduce(torch.from_numpy(array), group=group)
         self.hist = new_hist.reshape(3, -1)
