@@ -1,0 +1,51 @@
+"""Evaluation of CTR scores: ranking (AUC, PR-AUC), loss (logloss, NE), calibration (ratio,
+ECE, reliability), per segment, against baselines, with gates; streaming and distributed.
+
+Example:
+    >>> from ctrctl.evaluation import evaluate, roc_auc, MetricAccumulator
+    >>> roc_auc(labels, scores)                        # exact, ties count 1/2 (as sklearn)
+    >>> acc = MetricAccumulator(); acc.update(labels, scores); acc.compute().auc_bound
+    >>> evaluate("eval-out", checkpoint="runs/a", dataset="data", gates=["auc>=0.7"])
+"""
+
+from __future__ import annotations
+
+from ctrctl.evaluation.calibration import (
+    ReliabilityBin,
+    expected_calibration_error,
+    reliability_table,
+)
+from ctrctl.evaluation.evaluate import EvalResult, evaluate
+from ctrctl.evaluation.gates import Gate, GateResult, check_gates, parse_gates
+from ctrctl.evaluation.metrics import (
+    MetricError,
+    average_precision,
+    calibration_ratio,
+    log_loss,
+    normalized_entropy,
+    roc_auc,
+)
+from ctrctl.evaluation.segments import SegmentAccumulator
+from ctrctl.evaluation.streaming import MetricAccumulator, Metrics, ScoreHistogram
+
+__all__ = [
+    "EvalResult",
+    "Gate",
+    "GateResult",
+    "MetricAccumulator",
+    "MetricError",
+    "Metrics",
+    "ReliabilityBin",
+    "ScoreHistogram",
+    "SegmentAccumulator",
+    "average_precision",
+    "calibration_ratio",
+    "check_gates",
+    "evaluate",
+    "expected_calibration_error",
+    "log_loss",
+    "normalized_entropy",
+    "parse_gates",
+    "reliability_table",
+    "roc_auc",
+]
