@@ -6,12 +6,22 @@ Example:
 """
 
 from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
+from ctrctl.modules.dlrm import DLRM, dlrm_from_manifest, dlrm_loss
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
+from ctrctl.modules.interaction import DCNInteraction, DotInteraction, LowRankCrossNet
+from ctrctl.modules.mlp import MLP
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 
 __all__ = [
+    "DLRM",
+    "MLP",
     "BatchedEmbeddingBag",
+    "DCNInteraction",
+    "DotInteraction",
+    "LowRankCrossNet",
+    "dlrm_from_manifest",
+    "dlrm_loss",
     "EmbeddingBagCollection",
     "EmbeddingBagConfig",
     "EmbeddingOptimizerConfig",

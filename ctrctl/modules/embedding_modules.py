@@ -170,6 +170,10 @@ class EmbeddingBagCollection(nn.Module):
         """Output keys, in config order."""
         return list(self._feature_names)
 
+    def length_per_feature(self) -> list[int]:
+        """Output width (embedding dim) of each feature, in :meth:`feature_names` order."""
+        return list(self._dims)
+
     def backends(self) -> list[str]:
         """The kernel each group runs on ("fbgemm" or "torch")."""
         return [bag.backend for bag in self._kernels()]

@@ -1,0 +1,196 @@
+"""DLRM (Naumov et al., 2019): bottom MLP + embedding bags + interaction + top MLP -> a logit.
+
+    dense (B, F_dense) --dense arch (MLP, ReLU)--> (B, D) ------------------+
+    features (KJT, F sparse keys) --EBC--> (B, F * D) -> (B, F, D) ---------+
+                                        interaction: dot (pairwise) or DCNv2 cross layers
+                                                    |
+                            over arch (MLP, last layer 1, no activation) -> logits (B,)
+
+The embedding tables are trained by the optimizer fused into the EBC's backward; everything
+else (``dense_parameters()``) by an ordinary torch optimizer. Loss: BCE with logits.
+
+Example:
+    >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig(f"t_{i}", 1000, 16, [f"C{i}"])
+    ...                               for i in range(3)])
+    >>> model = DLRM(ebc, dense_in_features=13, dense_arch_layer_sizes=[64, 16],
+    ...              over_arch_layer_sizes=[64, 1])
+    >>> logits = model(dense, kjt)                           # (B,)
+    >>> loss = dlrm_loss(logits, labels)
+    >>> opt = torch.optim.Adagrad(model.dense_parameters(), lr=0.01)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctrctl.data.manifest import DatasetManifest
+from ctrctl.errors import ConfigError
+from ctrctl.modules.batched_embedding import Backend
+from ctrctl.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from ctrctl.modules.embedding_modules import EmbeddingBagCollection
+from ctrctl.modules.interaction import DCNInteraction, DotInteraction
+from ctrctl.modules.mlp import MLP
+from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
+from ctrctl.sparse import KeyedJaggedTensor
+
+Interaction = Literal["dot", "dcn"]
+
+
+class DLRM(nn.Module):
+    """The DLRM model: returns one logit per sample.
+
+    Args:
+        embedding_bag_collection: the sparse arch; every feature must have the dim D that
+            the dense arch ends with.
+        dense_in_features: number of dense features.
+        dense_arch_layer_sizes: bottom MLP widths, the last one D.
+        over_arch_layer_sizes: top MLP widths, the last one 1.
+        interaction: "dot" (pairwise dot products) or "dcn" (DCNv2 low-rank cross layers).
+        dcn_num_layers, dcn_low_rank_dim: the cross layers when interaction="dcn".
+        dense_autocast: run the dense part (MLPs, interaction) under bf16 autocast on CUDA;
+            ignored on CPU.
+    """
+
+    def __init__(
+        self,
+        embedding_bag_collection: EmbeddingBagCollection,
+        dense_in_features: int,
+        dense_arch_layer_sizes: Sequence[int],
+        over_arch_layer_sizes: Sequence[int],
+        interaction: Interaction | str = "dot",
+        dcn_num_layers: int = 3,
+        dcn_low_rank_dim: int = 512,
+        dense_autocast: bool = False,
+    ) -> None:
+        super().__init__()
+        dims = set(embedding_bag_collection.length_per_feature())
+        embedding_dim = dense_arch_layer_sizes[-1] if dense_arch_layer_sizes else 0
+        if dims != {embedding_dim}:
+            raise ConfigError(
+                f"the dense arch ends with width {embedding_dim} but embedding dims are "
+                f"{sorted(dims)}",
+                where="DLRM",
+                hint="make the last dense_arch_layer_sizes entry equal every table's embedding_dim",
+            )
+        if not over_arch_layer_sizes or over_arch_layer_sizes[-1] != 1:
+            raise ConfigError(
+                f"over_arch_layer_sizes must end with 1, got {list(over_arch_layer_sizes)}",
+                where="DLRM",
+                hint="the last layer produces the logit",
+            )
+        self.num_sparse_features = len(embedding_bag_collection.feature_names())
+        self.embedding_dim = embedding_dim
+        self.sparse_arch = embedding_bag_collection
+        self.dense_arch = MLP(dense_in_features, dense_arch_layer_sizes)
+        self.interaction: DotInteraction | DCNInteraction
+        if interaction == "dot":
+            self.interaction = DotInteraction(self.num_sparse_features)
+        elif interaction == "dcn":
+            self.interaction = DCNInteraction(
+                self.num_sparse_features, embedding_dim, dcn_num_layers, dcn_low_rank_dim
+            )
+        else:
+            raise ConfigError(
+                f"unknown interaction {interaction!r}", where="DLRM", hint="use dot or dcn"
+            )
+        self.over_arch = MLP(
+            self.interaction.output_dim(embedding_dim),
+            over_arch_layer_sizes,
+            final_activation=False,
+        )
+        self.dense_autocast = dense_autocast
+
+    def forward(self, dense: torch.Tensor, features: KeyedJaggedTensor) -> torch.Tensor:
+        """Logits (B,) for dense features (B, F_dense) and sparse features (a KJT of B)."""
+        batch = dense.size(0)
+        pooled = self.sparse_arch(features).values()  # (B, F * D)
+        sparse = pooled.view(batch, self.num_sparse_features, self.embedding_dim)  # (B, F, D)
+        autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if self.dense_autocast and dense.is_cuda
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            embedded_dense = self.dense_arch(dense)  # (B, D)
+            interacted = self.interaction(embedded_dense, sparse.to(embedded_dense.dtype))
+            logits = self.over_arch(interacted)  # (B, 1)
+        return logits.squeeze(1).float()  # (B,)
+
+    def dense_parameters(self) -> Iterator[nn.Parameter]:
+        """Every parameter except the embedding tables (those are updated in backward)."""
+        for name, param in self.named_parameters():
+            if not name.startswith("sparse_arch."):
+                yield param
+
+    def dense_named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        for name, param in self.named_parameters():
+            if not name.startswith("sparse_arch."):
+                yield name, param
+
+
+def dlrm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean binary cross-entropy of logits (B,) against 0/1 labels (B,)."""
+    return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+
+
+def dlrm_from_manifest(
+    manifest: DatasetManifest,
+    embedding_dim: int,
+    dense_arch_layer_sizes: Sequence[int],
+    over_arch_layer_sizes: Sequence[int],
+    optimizer: EmbeddingOptimizerConfig | None = None,
+    interaction: Interaction | str = "dot",
+    dcn_num_layers: int = 3,
+    dcn_low_rank_dim: int = 512,
+    pooling: PoolingType = "sum",
+    device: torch.device | str | None = None,
+    backend: Backend | str = "auto",
+    seed: int | None = 0,
+    dense_autocast: bool = False,
+) -> DLRM:
+    """A DLRM for a preprocessed dataset: one table ``t_<feature>`` per sparse feature.
+
+    Args:
+        manifest: the dataset's manifest (dense features, sparse features and table sizes).
+        embedding_dim: D for every table; ``dense_arch_layer_sizes`` must end with it.
+        dense_arch_layer_sizes, over_arch_layer_sizes, interaction, dcn_*: see :class:`DLRM`.
+        optimizer: the fused embedding optimizer.
+        pooling: pooling of every table (multi-hot features use it).
+        device, backend, seed: see :class:`EmbeddingBagCollection`.
+
+    Example:
+        >>> model = dlrm_from_manifest(DatasetManifest.load("data/criteo"), 64,
+        ...                            [512, 256, 64], [512, 256, 1])
+    """
+    if not manifest.sparse:
+        raise ConfigError("the dataset has no sparse features", where="dlrm_from_manifest")
+    tables = [
+        EmbeddingBagConfig(
+            name=f"t_{feature.name}",
+            num_embeddings=feature.num_embeddings,
+            embedding_dim=embedding_dim,
+            feature_names=[feature.name],
+            pooling=pooling,
+        )
+        for feature in manifest.sparse
+    ]
+    ebc = EmbeddingBagCollection(
+        tables, optimizer=optimizer, device=device, backend=backend, seed=seed
+    )
+    model = DLRM(
+        ebc,
+        dense_in_features=len(manifest.dense),
+        dense_arch_layer_sizes=dense_arch_layer_sizes,
+        over_arch_layer_sizes=over_arch_layer_sizes,
+        interaction=interaction,
+        dcn_num_layers=dcn_num_layers,
+        dcn_low_rank_dim=dcn_low_rank_dim,
+        dense_autocast=dense_autocast,
+    )
+    return model.to(device or "cpu")

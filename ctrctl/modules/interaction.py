@@ -1,0 +1,100 @@
+"""Feature interactions of DLRM: pairwise dot products, and DCNv2 low-rank cross layers.
+
+Dot interaction on the dense embedding ``d`` (B, D) and F pooled sparse embeddings (B, F, D)::
+
+    x = [d, e_1, ..., e_F]          (B, F + 1, D)
+    z = x @ x^T                     (B, F + 1, F + 1)   every pairwise dot product
+    keep z[i, j] for i < j          (B, (F + 1) F / 2)  upper triangle, no diagonal
+    out = [d, kept]                 (B, D + (F + 1) F / 2)
+
+Example:
+    >>> DotInteraction(num_sparse_features=26)(torch.randn(4, 64), torch.randn(4, 26, 64)).shape
+    torch.Size([4, 415])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ctrctl.errors import ConfigError
+
+
+class DotInteraction(nn.Module):
+    """Pairwise dot products of the dense and sparse embeddings, concatenated with dense.
+
+    Args:
+        num_sparse_features: F, the number of pooled sparse embeddings.
+    """
+
+    def __init__(self, num_sparse_features: int) -> None:
+        super().__init__()
+        self.num_sparse_features = num_sparse_features
+        n = num_sparse_features + 1
+        rows, cols = torch.triu_indices(n, n, offset=1)
+        # Flat positions of the kept pairs in an (n, n) matrix: one gather instead of two.
+        self.pair_index: torch.Tensor
+        self.register_buffer("pair_index", rows * n + cols, persistent=False)
+
+    def output_dim(self, dense_dim: int) -> int:
+        n = self.num_sparse_features + 1
+        return dense_dim + n * (n - 1) // 2
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        batch = dense.size(0)
+        x = torch.cat([dense.unsqueeze(1), sparse], dim=1)  # (B, F + 1, D)
+        z = torch.bmm(x, x.transpose(1, 2))  # (B, F + 1, F + 1)
+        pairs = z.reshape(batch, -1).index_select(1, self.pair_index)  # (B, (F + 1) F / 2)
+        return torch.cat([dense, pairs], dim=1)  # (B, D + (F + 1) F / 2)
+
+
+class LowRankCrossNet(nn.Module):
+    """DCNv2 cross layers with low-rank weights: x_{l+1} = x_0 * (U_l (V_l x_l) + b_l) + x_l.
+
+    Args:
+        in_features: width of x_0.
+        num_layers: number of cross layers.
+        low_rank_dim: r, the rank of each U_l V_l (V_l: in -> r, U_l: r -> in).
+    """
+
+    def __init__(self, in_features: int, num_layers: int, low_rank_dim: int) -> None:
+        super().__init__()
+        if num_layers <= 0 or low_rank_dim <= 0:
+            raise ConfigError(
+                f"dcn_num_layers={num_layers} and dcn_low_rank_dim={low_rank_dim} must be positive",
+                where="LowRankCrossNet",
+            )
+        self.V = nn.ModuleList(
+            nn.Linear(in_features, low_rank_dim, bias=False) for _ in range(num_layers)
+        )
+        self.U = nn.ModuleList(nn.Linear(low_rank_dim, in_features) for _ in range(num_layers))
+
+    def forward(self, x0: torch.Tensor) -> torch.Tensor:
+        x = x0  # (B, N)
+        for v, u in zip(self.V, self.U, strict=True):
+            x = x0 * u(v(x)) + x  # (B, N)
+        return x
+
+
+class DCNInteraction(nn.Module):
+    """Concatenate dense and all sparse embeddings, then apply low-rank cross layers.
+
+    Args:
+        num_sparse_features: F.
+        embedding_dim: D (the dense embedding has the same width).
+        num_layers, low_rank_dim: see :class:`LowRankCrossNet`.
+    """
+
+    def __init__(
+        self, num_sparse_features: int, embedding_dim: int, num_layers: int, low_rank_dim: int
+    ) -> None:
+        super().__init__()
+        self.width = (num_sparse_features + 1) * embedding_dim
+        self.crossnet = LowRankCrossNet(self.width, num_layers, low_rank_dim)
+
+    def output_dim(self, dense_dim: int) -> int:
+        return self.width
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([dense.unsqueeze(1), sparse], dim=1).flatten(1)  # (B, (F + 1) D)
+        return self.crossnet(x)  # (B, (F + 1) D)

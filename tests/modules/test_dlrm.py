@@ -1,0 +1,137 @@
+"""DLRM: shapes, the interactions against hand-written references, overfitting a tiny batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ctrctl.data.manifest import DatasetManifest, DenseFeature, SparseFeature, SplitInfo
+from ctrctl.errors import ConfigError
+from ctrctl.modules import (
+    DLRM,
+    DotInteraction,
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingOptimizerConfig,
+    LowRankCrossNet,
+    dlrm_from_manifest,
+    dlrm_loss,
+)
+from ctrctl.sparse import KeyedJaggedTensor
+
+DIM = 8
+
+
+def tiny_model(interaction: str = "dot", backend: str = "auto", lr: float = 0.1) -> DLRM:
+    tables = [EmbeddingBagConfig(f"t_{i}", 50, DIM, [f"C{i}"]) for i in range(3)]
+    ebc = EmbeddingBagCollection(
+        tables,
+        optimizer=EmbeddingOptimizerConfig(kind="exact_rowwise_adagrad", lr=lr),
+        backend=backend,
+        seed=0,
+    )
+    return DLRM(
+        ebc, 4, [16, DIM], [16, 1], interaction=interaction, dcn_num_layers=2, dcn_low_rank_dim=4
+    )
+
+
+def tiny_batch(batch: int, seed: int = 0) -> tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    dense = torch.randn(batch, 4, generator=gen)
+    lengths = torch.randint(0, 3, (3 * batch,), generator=gen)
+    values = torch.randint(0, 50, (int(lengths.sum()),), generator=gen)
+    kjt = KeyedJaggedTensor.from_lengths_sync(["C0", "C1", "C2"], values, lengths)
+    labels = torch.randint(0, 2, (batch,), generator=gen)
+    return dense, kjt, labels
+
+
+def test_dot_interaction_against_loops() -> None:
+    gen = torch.Generator().manual_seed(0)
+    dense, sparse = torch.randn(3, 5, generator=gen), torch.randn(3, 4, 5, generator=gen)
+    out = DotInteraction(num_sparse_features=4)(dense, sparse)
+    assert out.shape == (3, 5 + 10)
+    expected = []
+    for b in range(3):
+        x = [dense[b], *sparse[b]]
+        pairs = [torch.dot(x[i], x[j]) for i in range(5) for j in range(i + 1, 5)]
+        expected.append(torch.cat([dense[b], torch.stack(pairs)]))
+    torch.testing.assert_close(out, torch.stack(expected))
+
+
+def test_low_rank_cross_net_against_formula() -> None:
+    net = LowRankCrossNet(in_features=6, num_layers=2, low_rank_dim=3)
+    x0 = torch.randn(4, 6)
+    x = x0
+    for v, u in zip(net.V, net.U, strict=True):
+        x = x0 * (x @ v.weight.T @ u.weight.T + u.bias) + x
+    torch.testing.assert_close(net(x0), x)
+
+
+@pytest.mark.parametrize("interaction", ["dot", "dcn"])
+def test_shapes_and_dense_parameters(interaction: str) -> None:
+    model = tiny_model(interaction)
+    dense, kjt, _ = tiny_batch(batch=5)
+    logits = model(dense, kjt)
+    assert logits.shape == (5,) and logits.dtype == torch.float32
+    dense_names = [name for name, _ in model.dense_named_parameters()]
+    assert dense_names and not any(n.startswith("sparse_arch") for n in dense_names)
+    all_names = {name for name, _ in model.named_parameters()}
+    assert len(list(model.dense_parameters())) == len(dense_names) <= len(all_names)
+
+
+def test_embeddings_train_in_backward_and_dense_by_the_optimizer() -> None:
+    model = tiny_model(backend="torch")
+    dense, kjt, labels = tiny_batch(batch=6)
+    before = {k: v.clone() for k, v in model.sparse_arch.embedding_bag_weights().items()}
+    loss = dlrm_loss(model(dense, kjt), labels)
+    loss.backward()
+    after = model.sparse_arch.embedding_bag_weights()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is not None for p in model.dense_parameters())
+
+
+@pytest.mark.parametrize("interaction", ["dot", "dcn"])
+def test_tiny_model_overfits_a_tiny_batch(interaction: str) -> None:
+    torch.manual_seed(0)
+    model = tiny_model(interaction, lr=0.1)
+    dense, kjt, labels = tiny_batch(batch=16, seed=1)
+    optimizer = torch.optim.Adagrad(model.dense_parameters(), lr=0.1)
+    first = None
+    for _ in range(40):
+        loss = dlrm_loss(model(dense, kjt), labels)
+        first = float(loss.detach()) if first is None else first
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert first > 0.5
+    assert float(loss) < 0.01
+    predictions = (model(dense, kjt) > 0).long()
+    assert torch.equal(predictions, labels)
+
+
+def test_config_errors() -> None:
+    tables = [EmbeddingBagConfig("t", 10, 4, ["f"])]
+    ebc = EmbeddingBagCollection(tables)
+    with pytest.raises(ConfigError, match="ends with width 8 but embedding dims are \\[4\\]"):
+        DLRM(ebc, 3, [8], [4, 1])
+    with pytest.raises(ConfigError, match="must end with 1"):
+        DLRM(ebc, 3, [4], [4, 2])
+    with pytest.raises(ConfigError, match="unknown interaction"):
+        DLRM(ebc, 3, [4], [4, 1], interaction="cat")
+
+
+def test_model_from_manifest() -> None:
+    manifest = DatasetManifest(
+        label="label",
+        dense=tuple(DenseFeature(f"I{i}") for i in range(2)),
+        sparse=(SparseFeature("C1", "hash", 100), SparseFeature("C2", "vocab", 7)),
+        splits={"train": SplitInfo(rows=10, label_rate=0.5)},
+    )
+    model = dlrm_from_manifest(manifest, 4, [8, 4], [8, 1])
+    assert model.sparse_arch.feature_names() == ["C1", "C2"]
+    sizes = {k: tuple(v.shape) for k, v in model.sparse_arch.embedding_bag_weights().items()}
+    assert sizes == {"t_C1": (100, 4), "t_C2": (7, 4)}
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        ["C1", "C2"], torch.tensor([5, 99, 6, 0]), torch.tensor([1, 1, 1, 1])
+    )
+    assert model(torch.randn(2, 2), kjt).shape == (2,)
