@@ -94,6 +94,10 @@ class _Terms:
     bwd_comms: np.ndarray
     weights_state: np.ndarray
     io: np.ndarray
+    cols: np.ndarray
+    #: Row-wise and data-parallel shards are all alike but the last: terms are computed on
+    #: the distinct shards and ``expand`` maps them back to every shard.
+    expand: np.ndarray | None = None
 
 
 def _terms(option: ShardingOption, topology: Topology, batch_size: int) -> _Terms:
@@ -102,6 +106,13 @@ def _terms(option: ShardingOption, topology: Topology, batch_size: int) -> _Term
     world, local = topology.world_size, topology.local_world_size
     rows = option.rows.astype(np.float64)
     cols = option.cols.astype(np.float64)
+    expand = None
+    k = rows.shape[0]
+    if k > 4 and rows[0] == rows[-2] and (rows[:-1] == rows[0]).all() \
+            and (cols == cols[0]).all():
+        expand = np.zeros(k, dtype=np.intp)
+        expand[-1] = 1
+        rows, cols = rows[[0, -1]], cols[[0, -1]]
     s = float(table.element_bytes)
     pooling = float(table.pooling_factor)
     global_batch = float(batch_size) * world
@@ -158,18 +169,18 @@ def _terms(option: ShardingOption, topology: Topology, batch_size: int) -> _Term
     io = PIPELINE_DEPTH * (ids_bytes + 2 * out_bytes)  # ids, pooled output and its gradient
     if kind is ShardingType.DATA_PARALLEL:
         io = io + weights  # the dense gradient of the replica
-    return _Terms(lookup_bytes, update_bytes, fwd_comms, bwd_comms, weights + state, io)
+    return _Terms(lookup_bytes, update_bytes, fwd_comms, bwd_comms, weights + state, io,
+                  cols, expand)
 
 
 def _apply_kernel(option: ShardingOption, terms: _Terms, topology: Topology) -> None:
     kernel, clf = option.compute_kernel, option.cache_load_factor
-    cols = option.cols
-    option.fwd_compute = terms.lookup_bytes / kernel_bandwidth(topology, kernel, cols, clf)
+    cols = terms.cols
+    fwd_compute = terms.lookup_bytes / kernel_bandwidth(topology, kernel, cols, clf)
     bwd_bw = kernel_bandwidth(topology, kernel, cols, clf, backward=True)
-    option.bwd_compute = terms.lookup_bytes / bwd_bw
+    bwd_compute = terms.lookup_bytes / bwd_bw
     if terms.update_bytes is not None:
-        option.bwd_compute = option.bwd_compute + terms.update_bytes / bwd_bw
-    option.fwd_comms, option.bwd_comms = terms.fwd_comms, terms.bwd_comms
+        bwd_compute = bwd_compute + terms.update_bytes / bwd_bw
     zeros = np.zeros_like(terms.io)
     if topology.device == "cpu":
         hbm, ddr = zeros, terms.weights_state + terms.io
@@ -180,8 +191,27 @@ def _apply_kernel(option: ShardingOption, terms: _Terms, topology: Topology) -> 
         hbm, ddr = terms.io, terms.weights_state
     else:
         hbm, ddr = terms.weights_state + terms.io, zeros
-    option.hbm, option.ddr = np.ceil(hbm), np.ceil(ddr)
-    option.finish_pricing()
+    parts = [np.broadcast_to(p, terms.io.shape).copy() for p in (
+        fwd_compute, bwd_compute, terms.fwd_comms, terms.bwd_comms, np.ceil(hbm),
+        np.ceil(ddr))]
+    parts.append(parts[0] + parts[1] + parts[2] + parts[3])
+    if terms.expand is not None:
+        k = terms.expand.shape[0]
+        # totals from the two distinct shards: (k - 1) alike plus the last
+        total_cost = float(parts[6][0] * (k - 1) + parts[6][1])
+        storage = float((parts[4][0] + parts[5][0]) * (k - 1) + parts[4][1] + parts[5][1])
+        full = []
+        for p in parts:
+            out = np.full(k, p[0])
+            out[-1] = p[1]
+            full.append(out)
+        parts = full
+    else:
+        total_cost = float(parts[6].sum())
+        storage = float(parts[4].sum() + parts[5].sum())
+    (option.fwd_compute, option.bwd_compute, option.fwd_comms, option.bwd_comms,
+     option.hbm, option.ddr) = parts[:6]
+    option.set_totals(parts[6], total_cost, storage)
 
 
 def price(option: ShardingOption, topology: Topology, batch_size: int) -> ShardingOption:
@@ -199,11 +229,13 @@ def price(option: ShardingOption, topology: Topology, batch_size: int) -> Shardi
 def price_kernels(options: list[ShardingOption], topology: Topology, batch_size: int
                   ) -> list[ShardingOption]:
     """Price options that share one geometry and differ only in kernel (one pass over the
-    geometry)."""
+    geometry); the first (fastest) kernel now, the others when first used."""
     if options:
         terms = _terms(options[0], topology, batch_size)
-        for option in options:
-            _apply_kernel(option, terms, topology)
+        _apply_kernel(options[0], terms, topology)
+        for option in options[1:]:
+            # Slower kernels matter only when the faster one does not fit: price on demand.
+            option.pending = lambda o, terms=terms: _apply_kernel(o, terms, topology)
     return options
 
 

@@ -103,6 +103,7 @@ def best_placement(state: RankState, option: ShardingOption) -> Placement | None
 
     The choice keeps the most loaded of the touched ranks as low as possible.
     """
+    option.ensure_priced()
     world, local = state.world_size, state.local_world_size
     mask = _allowed_mask(option, world)
     cost = option.cost

@@ -261,7 +261,10 @@ def no_fit_error(tables: list[TableSpec], options: list[list[ShardingOption]],
                  topology: Topology, failure: Failure) -> PlanError:
     """A :class:`PlanError` naming the table that found no room and what would make it fit."""
     table = tables[failure.table_index]
-    opts = options[failure.table_index]
+    opts = [o.ensure_priced() for o in options[failure.table_index]]
+    for t_opts in options:
+        for o in t_opts:
+            o.ensure_priced()
     state = failure.state
     tier = "ddr" if topology.device == "cpu" else "hbm"
     used = state.ddr if tier == "ddr" else state.hbm

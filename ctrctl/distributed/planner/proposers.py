@@ -105,8 +105,11 @@ class GreedyProposer(Proposer):
     def propose(self, options: list[list[ShardingOption]]) -> list[Placement] | None:
         world = self.topology.world_size
         state = RankState(self.topology)
-        cheapest = [min((o.total_cost for o in opts), default=0.0) for opts in options]
-        smallest = [min((o.storage_bytes for o in opts), default=0.0) for opts in options]
+        # Deferred (slower-kernel) options are never the cheapest, nor much smaller.
+        cheapest = [min((o.total_cost for o in opts if o.pending is None), default=0.0)
+                    for opts in options]
+        smallest = [min((o.storage_bytes for o in opts if o.pending is None), default=0.0)
+                    for opts in options]
         key = cheapest if self.order == "cost" else smallest
         order = sorted(range(len(options)), key=lambda i: (-key[i], i))
         remaining = float(sum(cheapest))

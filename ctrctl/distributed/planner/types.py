@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -160,28 +161,45 @@ class ShardingOption:
     def num_shards(self) -> int:
         return int(self.rows.shape[0])
 
+    #: Set by the enumerator for slower kernels: priced only when first needed.
+    pending: Callable[[ShardingOption], None] | None = field(default=None, repr=False)
+
+    def ensure_priced(self) -> ShardingOption:
+        """Price the option now if the enumerator deferred it."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending(self)
+        return self
+
     def finish_pricing(self) -> None:
         """Cache the per-shard totals once the estimator has filled the parts."""
         self._cost = self.fwd_compute + self.bwd_compute + self.fwd_comms + self.bwd_comms
         self._total_cost = float(self._cost.sum())
         self._storage = float(self.hbm.sum() + self.ddr.sum())
 
+    def set_totals(self, cost: np.ndarray, total_cost: float, storage: float) -> None:
+        """Cache totals the estimator already has."""
+        self._cost, self._total_cost, self._storage = cost, total_cost, storage
+
     @property
     def cost(self) -> np.ndarray:
         """Seconds per step of each shard, ``(k,)``."""
         if not hasattr(self, "_cost"):
+            self.ensure_priced()
             self.finish_pricing()
         return self._cost
 
     @property
     def total_cost(self) -> float:
         if not hasattr(self, "_total_cost"):
+            self.ensure_priced()
             self.finish_pricing()
         return self._total_cost
 
     @property
     def storage_bytes(self) -> float:
         if not hasattr(self, "_storage"):
+            self.ensure_priced()
             self.finish_pricing()
         return self._storage
 
