@@ -34,7 +34,7 @@ AVAZU_SIZES = {
 
 #: Effects are drawn for the most frequent ranks only: rarer values carry no signal, so a
 #: model that sees each frequent value a few times can approach the best AUC.
-EFFECT_HEAD = 1000
+EFFECT_HEAD = 100
 
 
 def default_cardinality(full_size: int) -> int:
@@ -191,7 +191,7 @@ def _criteo() -> FormatSpec:
         )
     return FormatSpec(
         "criteo", dense, tuple(sparse), groups, interaction=("C14", "C23", 0.4),
-        effect_scale=0.85,
+        effect_scale=0.9,
     )
 
 
@@ -250,7 +250,7 @@ def _avazu() -> FormatSpec:
     return FormatSpec(
         "avazu", (), tuple(sparse), groups, interaction=("banner_pos", "C14", 0.4),
         complements=complements,
-        effect_scale=1.0, target_label_rate=0.17,
+        effect_scale=0.9, target_label_rate=0.17,
     )
 
 
