@@ -172,6 +172,8 @@ class _Trainer:
         self.position = LoaderPosition(0, 0)
         self.history: list[dict[str, Any]] = []
         self.metrics: dict[str, float] = {}
+        # Losses since the last log line: part of the state so a resumed run logs the same.
+        self.loss_sum, self.loss_count = 0.0, 0
 
     # ---- state ------------------------------------------------------------------------
     def _metadata(self) -> dict[str, Any]:
@@ -189,6 +191,7 @@ class _Trainer:
         trainer_state = {
             "step": self.step, "epoch": self.position.epoch, "batch": self.position.batch,
             "history": self.history, "metrics": self.metrics,
+            "loss_window": [self.loss_sum, self.loss_count],
             "loader": {"seed": self.t.seed, "batch_size": self.t.batch_size,
                        "world_size": self.world_size},
         }
@@ -213,6 +216,7 @@ class _Trainer:
         self.step = int(state["step"])
         self.history = list(state.get("history", []))
         self.metrics = dict(state.get("metrics", {}))
+        self.loss_sum, self.loss_count = state.get("loss_window", [0.0, 0])
         if same_world:
             self.position = LoaderPosition(int(state["epoch"]), int(state["batch"]))
             ckpt.restore_rng_state(ckpt.load_rng_state(meta.path, self.rank))
@@ -257,7 +261,6 @@ class _Trainer:
         if self.step:
             self.progress.advance(self.step * t.batch_size)
         started, samples = time.perf_counter(), 0
-        loss_sum, loss_count = 0.0, 0
         steps_this_run = 0
         batches = self._batches()
         while self.step < self.total_steps:
@@ -278,12 +281,12 @@ class _Trainer:
             if not math.isfinite(value):
                 raise ConfigError(f"the loss is {value} at step {self.step}",
                                   hint="lower the learning rates")
-            loss_sum += value
-            loss_count += 1
+            self.loss_sum += value
+            self.loss_count += 1
             samples += t.batch_size
             self.progress.advance(t.batch_size, loss=value, epoch=position.epoch)
             if self.step % t.log_every == 0 or self.step == self.total_steps:
-                mean = loss_sum / loss_count
+                mean = self.loss_sum / self.loss_count
                 elapsed = max(time.perf_counter() - started, 1e-9)
                 entry = {"step": self.step, "train.loss": mean,
                          "train.samples_per_s": samples / elapsed, "epoch": position.epoch}
@@ -292,7 +295,7 @@ class _Trainer:
                 if self.rank == 0:
                     self.run.log_metrics({k: v for k, v in entry.items() if k != "step"},
                                          step=self.step)
-                loss_sum, loss_count = 0.0, 0
+                self.loss_sum, self.loss_count = 0.0, 0
             if t.val_every and self.step % t.val_every == 0 and self.step < self.total_steps:
                 self._validate()
             if (t.checkpoint_every and self.step % t.checkpoint_every == 0
