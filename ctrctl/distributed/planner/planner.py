@@ -25,7 +25,12 @@ import numpy as np
 from ctrctl.distributed.planner.enumerators import EmbeddingEnumerator
 from ctrctl.distributed.planner.estimators import price, step_overhead
 from ctrctl.distributed.planner.partitioners import RankState
-from ctrctl.distributed.planner.proposers import Failure, GreedyProposer, improve
+from ctrctl.distributed.planner.proposers import (
+    Failure,
+    FastestOptionProposer,
+    GreedyProposer,
+    improve,
+)
 from ctrctl.distributed.planner.topology import GIB, Topology
 from ctrctl.distributed.planner.types import Placement, ShardingOption, TableSpec
 from ctrctl.distributed.types import ComputeKernel, ParameterSharding, ShardingPlan, ShardMetadata
@@ -197,8 +202,11 @@ class EmbeddingShardingPlanner:
         best: list[Placement] | None = None
         best_score = math.inf
         failure: Failure | None = None
-        for order in ("cost", "memory"):
-            proposer = GreedyProposer(self.topology, order=order)
+        proposers: list[GreedyProposer | FastestOptionProposer] = [
+            GreedyProposer(self.topology, order="cost"),
+            GreedyProposer(self.topology, order="memory"),
+            FastestOptionProposer(self.topology)]
+        for proposer in proposers:
             placements = proposer.propose(options)
             if placements is None:
                 failure = failure or proposer.failure
@@ -206,7 +214,7 @@ class EmbeddingShardingPlanner:
             if self.local_search:
                 placements = improve(placements, options, self.topology)
             score = _score(placements, self.topology)
-            logger.debug("proposal by %s: slowest rank %.6g s", order, score)
+            logger.debug("proposal by %s: slowest rank %.6g s", type(proposer).__name__, score)
             if score < best_score:
                 best, best_score = placements, score
         if best is None:
