@@ -427,14 +427,18 @@ def _stream_job(
         sinks.append(part.sink_parquet(target.path, compression=COMPRESSION,
                                        row_group_size=row_group_size, lazy=True))
     job.targets = [t for t in job.targets if t.split in possible]
-    summary = frame.group_by(SPLIT).agg(
+    aggregates = [
         pl.len().alias("rows_read"),
         good.sum().alias("rows"),
         pl.col(schema.label).filter(good).cast(pl.Int64).sum().alias("positives"),
         *[(pl.col(BAD) == i + 1).sum().alias(r) for i, r in enumerate(BAD_REASONS)],
         pl.col(ROW).filter(~good).min().alias("first_bad"),
         *[pl.col(f"__missing.{c.name}").filter(good).sum() for c in schema.dense],
-    )
+    ]
+    if len(possible) == 1:  # one split: a plain aggregation, cheaper than a group-by
+        summary = frame.select(*aggregates, pl.lit(possible[0]).alias(SPLIT))
+    else:
+        summary = frame.group_by(SPLIT).agg(aggregates)
     try:
         results = pl.collect_all([*sinks, summary.lazy()])
     except pl.exceptions.PolarsError as exc:

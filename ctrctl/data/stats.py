@@ -24,7 +24,7 @@ from ctrctl.errors import InputDataError
 
 #: Cardinality is exact up to this many rows and a HyperLogLog estimate (~1% error) above,
 #: where an exact distinct count over every sparse column costs more than the parse.
-EXACT_CARDINALITY_ROWS = 1_000_000
+EXACT_CARDINALITY_ROWS = 250_000
 
 
 def dataset_features(
