@@ -66,7 +66,8 @@ def eval_command(
     out: OutDir,
     checkpoint: Annotated[Path | None, typer.Option(
         help="Training output, checkpoints folder or step folder to score with.")] = None,
-    dataset: Annotated[Path | None, typer.Option(help="Preprocessed dataset folder.")] = None,
+    dataset: Annotated[Path | None, typer.Option(
+        help="Preprocessed dataset folder (default: the one the checkpoint was trained on).")] = None,
     predictions: Annotated[Path | None, typer.Option(
         help="Parquet with label and score columns to evaluate instead of a checkpoint.")] = None,
     split: Annotated[str, typer.Option(help="Dataset split to evaluate.")] = "test",

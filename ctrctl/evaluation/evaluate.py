@@ -135,6 +135,20 @@ def training_run_id(checkpoint: Path | None) -> str | None:
     return None
 
 
+def recorded_dataset(checkpoint: Path) -> Path | None:
+    """The dataset folder the checkpoint was trained on, when it records one that exists."""
+    try:
+        from ctrctl.training.checkpoint import read_metadata
+
+        recorded = read_metadata(checkpoint).extra.get("dataset")
+    except Exception:  # noqa: BLE001 - no usable record: the caller asks for --dataset
+        return None
+    if recorded and (Path(recorded) / "manifest.json").is_file():
+        logger.info("evaluating on the training dataset %s", recorded)
+        return Path(recorded)
+    return None
+
+
 class _PredictionWriter:
     """Streams this rank's evaluated rows to ``folder/part-<rank>.parquet``."""
 
@@ -274,8 +288,9 @@ def evaluate(
     checkpoint = Path(checkpoint) if checkpoint is not None else None
     dataset = Path(dataset) if dataset is not None else None
     predictions = Path(predictions) if predictions is not None else None
-    parsed = tuple(g if isinstance(g, Gate) else None for g in gates)
-    parsed = tuple(p for p in parsed if p) + parse_gates([g for g in gates if isinstance(g, str)])
+    parsed = tuple(g if isinstance(g, Gate) else parse_gates([g])[0] for g in gates)
+    if checkpoint is not None and dataset is None:
+        dataset = recorded_dataset(checkpoint)
     _check_sources(checkpoint, dataset, predictions)
     rank, world_size = _rank_and_world(group)
     check_output(out, overwrite)
