@@ -1,0 +1,51 @@
+"""Quality: the real pipeline (preprocess -> train -> predict) learns what there is to learn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from ctrctl.config import load_config
+from ctrctl.data.preprocess import preprocess
+from ctrctl.evaluation.metrics import roc_auc
+from ctrctl.training.loop import train
+from ctrctl.training.predict import predict_split
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def vocab_schema(tmp_path: Path, min_count: int) -> Path:
+    """schemas/criteo.yaml with every hashed feature turned into a vocabulary (min_count)."""
+    schema = yaml.safe_load((ROOT / "schemas" / "criteo.yaml").read_text())
+    for column in schema["columns"]:
+        if column.get("role") == "sparse":
+            column.pop("hash_size", None)
+            column["min_count"] = min_count
+    path = tmp_path / "criteo-vocab.yaml"
+    path.write_text(yaml.safe_dump(schema))
+    return path
+
+
+def _scores(out: Path, dataset: Path, splits: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    labels, scores = [], []
+    for split in splits:
+        for y, p in predict_split(out, dataset, split):
+            labels.append(y)
+            scores.append(p)
+    return np.concatenate(labels), np.concatenate(scores)
+
+
+def test_criteo_sample_reaches_auc_070_on_dev_and_test(criteo_8k: Path, tmp_path: Path) -> None:
+    dataset = tmp_path / "criteo"
+    preprocess(vocab_schema(tmp_path, 10), [
+        f"train={criteo_8k / 'train.csv'}", f"val={criteo_8k / 'dev.csv'}",
+        f"test={criteo_8k / 'test.csv'}"], dataset)
+    cfg = load_config(ROOT / "pipelines" / "criteo-sample.yaml")
+    train(dataset, tmp_path / "run", cfg)
+    labels, scores = _scores(tmp_path / "run", dataset, ("val", "test"))
+    assert len(labels) == 800
+    auc = roc_auc(labels, scores)
+    assert auc >= 0.70, f"dev+test AUC {auc:.4f}"
