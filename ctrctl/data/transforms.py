@@ -7,7 +7,7 @@ order of :data:`BAD_REASONS`.
 
 Sparse features go through two steps: :func:`sparse_key` parses the raw value into a *key*
 (an unsigned int for hex, a signed int for int, the string itself for string), and
-:func:`encode_hash` / the vocabulary join turn keys into ids in ``[0, num_embeddings)``.
+:func:`encode_hash` or a vocabulary lookup (``ctrctl.data.vocab``) turn keys into ids in ``[0, num_embeddings)``.
 
 Example:
     >>> value, bad = dense_value(column)     # column: a schema Column with role dense

@@ -23,6 +23,8 @@ from ctrctl.data.transforms import encode_hash
 from ctrctl.errors import DatasetError
 
 VOCAB_DIR = "vocab"
+#: The key type of each raw value type (see ctrctl.data.transforms.sparse_key).
+KEY_DTYPES: dict[str, pl.DataType] = {"hex": pl.UInt64(), "int": pl.Int64(), "string": pl.String()}
 
 
 def build_vocabs(
@@ -101,26 +103,21 @@ def encode(
     ]
     if hashed:
         frame = frame.with_columns(hashed)
-    for name, (_, size, multi) in kinds.items():
+    looked_up = []
+    for name, (kind, size, multi) in kinds.items():
         if size is not None:
             continue
-        vocab = vocabs[name]
+        vocab = vocabs[name].with_columns(pl.col("value").cast(KEY_DTYPES[kind]))
+        # A hash lookup per column (null keys included); default 0 is out-of-vocabulary.
         if multi:
-            frame = frame.with_columns(
-                pl.col(name).list.eval(
-                    pl.element().replace_strict(
-                        vocab["value"], vocab["id"], default=0, return_dtype=pl.Int64
-                    )
-                )
-            )
-            continue
-        lookup = vocab.lazy().select(
-            pl.col("value").cast(frame.collect_schema()[name]).alias(name),
-            pl.col("id").alias("__id"),
-        )
-        frame = frame.join(
-            lookup, on=name, how="left", nulls_equal=True, maintain_order="left"
-        ).with_columns(pl.col("__id").fill_null(0).alias(name)).drop("__id")
+            looked_up.append(pl.col(name).list.eval(
+                pl.element().replace_strict(vocab["value"], vocab["id"], default=0,
+                                            return_dtype=pl.Int64)))
+        else:
+            looked_up.append(pl.col(name).replace_strict(
+                vocab["value"], vocab["id"], default=0, return_dtype=pl.Int64))
+    if looked_up:
+        frame = frame.with_columns(looked_up)
     return frame
 
 
