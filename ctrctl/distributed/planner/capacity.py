@@ -53,13 +53,12 @@ def _try(tables: list[TableSpec], topology: Topology, batch_size: int, global_ba
 def _point(world: int, outcome: PlanResult | PlanError) -> SweepPoint:
     if isinstance(outcome, PlanError):
         return SweepPoint(world, False, reason=outcome.message)
-    topo = outcome.topology
-    capacity = topo.hbm_available + topo.ddr_available
-    memory = outcome.rank_hbm + outcome.rank_ddr
+    from ctrctl.distributed.planner.stats import memory_share
+
     step = outcome.step_time
     return SweepPoint(world, True, step, outcome.batch_size,
                       outcome.batch_size * world / step if step > 0 else math.inf,
-                      float(memory.max() / capacity) if capacity else 0.0)
+                      float(memory_share(outcome).max()))
 
 
 def candidate_world_sizes(local_world_size: int, max_world_size: int) -> list[int]:

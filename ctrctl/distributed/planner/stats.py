@@ -72,14 +72,22 @@ def drivers(result: PlanResult, rank: int, by: str = "cost", top: int = 5
     return sorted(share, key=lambda d: (-float(d[by]), str(d["table"])))[:top]
 
 
+def memory_share(result: PlanResult) -> np.ndarray:
+    """Per rank, the larger of its device and host memory use over capacity."""
+    topo = result.topology
+    shares = [used / cap for used, cap in ((result.rank_hbm, topo.hbm_available),
+                                           (result.rank_ddr, topo.ddr_available)) if cap > 0]
+    return np.maximum.reduce(shares) if shares else np.zeros(topo.world_size)
+
+
 def plan_summary(result: PlanResult) -> dict[str, Any]:
     """The headline numbers and the drivers of the slowest and the fullest rank."""
     total = result.rank_total
     memory = result.rank_hbm + result.rank_ddr
     topo = result.topology
-    capacity = topo.hbm_available + topo.ddr_available
+    share = memory_share(result)
     slowest = int(np.argmax(total)) if total.size else 0
-    fullest = int(np.argmax(memory)) if memory.size else 0
+    fullest = int(np.argmax(share)) if share.size else 0
     by_type = Counter(p.option.sharding_type for p in result.placements)
     return {
         "world_size": topo.world_size, "local_world_size": topo.local_world_size,
@@ -91,7 +99,7 @@ def plan_summary(result: PlanResult) -> dict[str, Any]:
         "mean_rank_seconds": float(total.mean()),
         "imbalance": result.imbalance,
         "fullest_rank": fullest, "fullest_rank_bytes": float(memory[fullest]),
-        "fullest_rank_fraction": float(memory[fullest] / capacity) if capacity else 0.0,
+        "fullest_rank_fraction": float(share[fullest]) if share.size else 0.0,
         "total_storage_bytes": float(memory.sum()),
         "tables_by_sharding_type": dict(sorted(by_type.items())),
         "planning_seconds": result.planning_seconds,

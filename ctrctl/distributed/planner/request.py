@@ -1,0 +1,216 @@
+"""``ctrctl plan`` as a library call: resolve the inputs, plan, save, track.
+
+Inputs come from one of a dataset (``manifest.json``), a tables YAML or a pipeline config
+(its ``model``, ``embedding_optimizer``, ``training.batch_size`` and ``plan`` sections, and
+its dataset ``preprocess.out`` when no other table source is given); explicit arguments win
+over the config.
+
+Example:
+    >>> outcome = run_plan(PlanRequest(tables=Path("tables.yaml"), world_size=8,
+    ...                                device="h100", out=Path("plan.json")))
+    >>> outcome.result.step_time
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ctrctl.distributed.planner.capacity import (
+    SweepPoint,
+    smallest_world_size,
+    sweep_world_sizes,
+)
+from ctrctl.distributed.planner.planner import EmbeddingShardingPlanner, PlanResult
+from ctrctl.distributed.planner.stats import plan_summary, summary_metrics
+from ctrctl.distributed.planner.tables import tables_from_manifest, tables_from_yaml
+from ctrctl.distributed.planner.topology import GIB, Topology
+from ctrctl.distributed.planner.types import TableSpec
+from ctrctl.distributed.types import ShardingType
+from ctrctl.errors import ConfigError, OutputExistsError
+from ctrctl.tracking import Tracker
+
+logger = logging.getLogger(__name__)
+
+#: Per-rank batch when neither the command nor a config says (TorchRec's default).
+DEFAULT_BATCH_SIZE = 512
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What ``ctrctl plan`` was asked (None: take it from the config or the default).
+
+    Attributes:
+        dataset, config, tables: where the tables come from (one of them).
+        world_size: ranks; None finds the smallest that fits (``--world-size auto``).
+        local_world_size: ranks per host.
+        device: ``cpu``, ``cuda`` (TorchRec's GPU defaults) or a preset (``h100`` ...).
+        hbm_gb, ddr_gb: memory per rank, replacing the preset's.
+        batch_size: samples per rank per step (a config's global batch is divided).
+        sharding_type: force this type on every table.
+        embedding_dim, optimizer: for tables from a dataset.
+        topology: a ``topology.json`` (e.g. from ``--calibrate``) instead of a preset.
+        out: where ``plan.json`` goes (None: do not write).
+        overwrite: replace an existing ``out``.
+    """
+
+    dataset: Path | None = None
+    config: Path | None = None
+    tables: Path | None = None
+    world_size: int | None = 1
+    local_world_size: int | None = None
+    device: str | None = None
+    hbm_gb: float | None = None
+    ddr_gb: float | None = None
+    batch_size: int | None = None
+    sharding_type: str | None = None
+    embedding_dim: int | None = None
+    optimizer: str | None = None
+    topology: Path | None = None
+    out: Path | None = None
+    overwrite: bool = False
+
+
+@dataclass
+class PlanOutcome:
+    """The plan, the capacity sweep (for ``auto``), and what was resolved."""
+
+    result: PlanResult
+    tables: list[TableSpec]
+    sweep: list[SweepPoint] = field(default_factory=list)
+    resolved: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return plan_summary(self.result)
+
+
+def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool,
+                                            dict[str, Any]]:
+    sources = [s for s in (request.dataset, request.tables) if s is not None]
+    if len(sources) > 1:
+        raise ConfigError("give one of --dataset and --tables", hint="not both")
+    cfg = None
+    if request.config is not None:
+        from ctrctl.config import load_config
+
+        cfg = load_config(request.config)
+    if not sources and cfg is None:
+        raise ConfigError("nothing to plan", hint="give --dataset DIR, --tables FILE or "
+                          "--config FILE")
+    optimizer = request.optimizer or (cfg.embedding_optimizer.kind if cfg else
+                                      "rowwise_adagrad")
+    if request.tables is not None:
+        tables = tables_from_yaml(request.tables, optimizer=optimizer)
+        dataset = None
+    else:
+        dataset = request.dataset
+        if dataset is None and cfg is not None:
+            if not cfg.preprocess.out:
+                raise ConfigError("the config names no dataset (preprocess.out)",
+                                  where=str(request.config), hint="pass --dataset DIR")
+            dataset = Path(cfg.preprocess.out)
+        from ctrctl.data.manifest import DatasetManifest
+
+        dim = request.embedding_dim or (cfg.model.embedding_dim if cfg else None)
+        if dim is None:
+            from ctrctl.config import ModelConfig
+
+            dim = ModelConfig.model_validate({}).embedding_dim
+        assert dataset is not None
+        tables = tables_from_manifest(DatasetManifest.load(dataset), embedding_dim=dim,
+                                      optimizer=optimizer)
+
+    world = request.world_size
+    auto = world is None
+    start_world = 1 if auto else int(world)  # type: ignore[arg-type]
+    if cfg is not None and request.world_size == 1 and cfg.plan.world_size != 1:
+        start_world = cfg.plan.world_size
+    local = request.local_world_size or (cfg.plan.local_world_size if cfg else None)
+    device = request.device or (cfg.plan.device if cfg else "cpu")
+    if request.topology is not None:
+        topology = Topology.load(request.topology, start_world,
+                                 local or min(start_world, 8))
+        memory = {k: v * GIB for k, v in (("hbm_bytes", request.hbm_gb),
+                                           ("ddr_bytes", request.ddr_gb)) if v is not None}
+        topology = dataclasses.replace(topology, **memory)
+    else:
+        preset = {"cuda": "torchrec"}.get(device, device)
+        topology = Topology.preset(
+            preset, start_world, local,
+            hbm_bytes=None if request.hbm_gb is None else request.hbm_gb * GIB,
+            ddr_bytes=None if request.ddr_gb is None else request.ddr_gb * GIB)
+        if auto and local is None:
+            topology = topology.with_world(1, 8 if topology.device == "cuda" else 1)
+    global_batch = False
+    if request.batch_size is not None:
+        batch = request.batch_size
+    elif cfg is not None:
+        batch, global_batch = cfg.training.batch_size, True
+    else:
+        batch = DEFAULT_BATCH_SIZE
+    resolved = {"dataset": str(dataset) if dataset else None,
+                "tables_file": str(request.tables) if request.tables else None,
+                "config": str(request.config) if request.config else None,
+                "device": topology.device, "optimizer": optimizer,
+                "batch_size": batch, "batch_is_global": global_batch,
+                "world_size": "auto" if auto else start_world,
+                "local_world_size": topology.local_world_size,
+                "sharding_type": request.sharding_type
+                or (",".join(cfg.plan.sharding_types) if cfg and cfg.plan.sharding_types
+                    else None),
+                "topology_file": str(request.topology) if request.topology else None}
+    return tables, topology, batch, global_batch, resolved
+
+
+def run_plan(request: PlanRequest, tracker: Tracker | None = None) -> PlanOutcome:
+    """Resolve the request, plan (or find the smallest world size), save and track.
+
+    Raises:
+        ConfigError: for missing or conflicting inputs.
+        OutputExistsError: when ``out`` exists and ``overwrite`` is off.
+        PlanError: when nothing fits, saying why and what would.
+    """
+    if request.out is not None and request.out.exists() and not request.overwrite:
+        raise OutputExistsError("the plan exists", where=str(request.out),
+                                hint="pass --overwrite to replace it")
+    if request.sharding_type is not None and request.sharding_type not in {
+            t.value for t in ShardingType}:
+        raise ConfigError(f"unknown sharding type {request.sharding_type!r}",
+                          hint=f"use one of {[t.value for t in ShardingType]}")
+    tables, topology, batch, global_batch, resolved = _resolve(request)
+    forced: tuple[str, ...] | None = None
+    if request.sharding_type:
+        forced = (request.sharding_type,)
+    elif resolved["sharding_type"]:
+        forced = tuple(str(resolved["sharding_type"]).split(","))
+    sweep: list[SweepPoint] = []
+    if request.world_size is None:
+        result = smallest_world_size(tables, topology, batch, global_batch,
+                                     sharding_types=forced)
+        world = result.topology.world_size
+        sizes = [world * f for f in (1, 2, 4, 8)]
+        sweep = sweep_world_sizes(tables, result.topology, batch, sizes, global_batch,
+                                  sharding_types=forced)
+    else:
+        per_rank = max(batch // topology.world_size, 1) if global_batch else batch
+        result = EmbeddingShardingPlanner(topology, per_rank, forced).plan(tables)
+    result.plan.metadata["inputs"] = resolved
+    outcome = PlanOutcome(result, tables, sweep, resolved)
+    if request.out is not None:
+        result.plan.save(request.out)
+    if tracker is not None:
+        with tracker.run("plan") as run:
+            run.log_params(resolved)
+            run.log_metrics(summary_metrics(result))
+            run.log_dict(outcome.summary, "plan_summary.json")
+            if sweep:
+                run.log_dict([p.__dict__ for p in sweep], "world_size_sweep.json")
+            if request.out is not None:
+                run.log_artifact(request.out)
+            else:
+                run.log_dict(result.plan.to_dict(), "plan.json")
+    return outcome
