@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ctrctl.evaluation.metrics import MetricError, check_inputs
+from ctrctl.evaluation.metrics import MetricError, SortedRows, sort_rows
 
 DEFAULT_BINS = 20
 
@@ -72,22 +72,20 @@ def reliability_from_units(
         raise MetricError("calibration error is undefined: there are no rows")
     middle = np.cumsum(weight) - 0.5 * weight
     which = np.minimum((middle * n_bins / total).astype(np.int64), n_bins - 1)
-    bins: list[ReliabilityBin] = []
-    for b in np.unique(which):
-        sel = which == b
-        mass = float(weight[sel].sum())
-        pos = float(positives[sel].sum())
-        bins.append(
-            ReliabilityBin(
-                weight=mass,
-                positives=pos,
-                mean_score=float(score_sum[sel].sum()) / mass,
-                click_rate=pos / mass,
-                score_min=float(score_low[sel].min()),
-                score_max=float(score_high[sel].max()),
-            )
+    # units are in score order, so each bin is a contiguous run of them
+    starts = np.flatnonzero(np.diff(which, prepend=-1))
+    mass = np.add.reduceat(weight, starts)
+    pos = np.add.reduceat(positives, starts)
+    scores = np.add.reduceat(score_sum, starts)
+    low = np.minimum.reduceat(score_low, starts)
+    high = np.maximum.reduceat(score_high, starts)
+    return [
+        ReliabilityBin(
+            weight=float(m), positives=float(p), mean_score=float(sc / m),
+            click_rate=float(p / m), score_min=float(lo), score_max=float(hi),
         )
-    return bins
+        for m, p, sc, lo, hi in zip(mass, pos, scores, low, high, strict=True)
+    ]
 
 
 def reliability_table(
@@ -104,11 +102,13 @@ def reliability_table(
         weights: optional weight per row.
         n_bins: number of equal-mass bins.
     """
-    labels, scores, weights = check_inputs(labels, scores, weights)
-    order = np.argsort(scores, kind="stable")
-    s = scores[order]
-    w = np.ones(s.size) if weights is None else weights[order]
-    return reliability_from_units(w, w * labels[order], w * s, s, s, n_bins)
+    return reliability_from_sorted(sort_rows(labels, scores, weights), n_bins)
+
+
+def reliability_from_sorted(rows: SortedRows, n_bins: int = DEFAULT_BINS) -> list[ReliabilityBin]:
+    """Equal-mass reliability bins of rows already sorted by score."""
+    w, s = rows.weights, rows.scores
+    return reliability_from_units(w, w * rows.labels, w * s, s, s, n_bins)
 
 
 def expected_calibration_error(table: list[ReliabilityBin]) -> float:

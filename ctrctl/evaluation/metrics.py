@@ -88,6 +88,38 @@ def check_inputs(
     return labels.astype(np.int8, copy=False), scores, weights
 
 
+@dataclass(frozen=True)
+class SortedRows:
+    """Validated rows sorted by score, ascending (weights are ones when none were given)."""
+
+    labels: np.ndarray
+    scores: np.ndarray
+    weights: np.ndarray
+
+
+def sort_rows(
+    labels: np.ndarray, scores: np.ndarray, weights: np.ndarray | None = None
+) -> SortedRows:
+    """Validate rows and sort them by score once (exact metrics and calibration share it)."""
+    labels, scores, weights = check_inputs(labels, scores, weights)
+    order = np.argsort(scores, kind="stable")
+    w = np.ones(scores.size) if weights is None else weights[order]
+    return SortedRows(labels[order].astype(np.float64), scores[order], w)
+
+
+def groups_from_sorted(rows: SortedRows) -> ScoreGroups:
+    """Merge the exact ties of sorted rows into score groups."""
+    if rows.scores.size == 0:
+        empty = np.zeros(0)
+        return ScoreGroups(empty, empty, empty)
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(rows.scores)) + 1))
+    wy = rows.weights * rows.labels
+    pos = np.add.reduceat(wy, starts)
+    neg = np.add.reduceat(rows.weights, starts) - pos
+    score_sum = np.add.reduceat(rows.weights * rows.scores, starts)
+    return ScoreGroups(pos, neg, score_sum)
+
+
 def group_by_score(
     labels: np.ndarray, scores: np.ndarray, weights: np.ndarray | None = None
 ) -> ScoreGroups:
@@ -98,19 +130,7 @@ def group_by_score(
         scores: probability per row.
         weights: optional non-negative weight per row.
     """
-    labels, scores, weights = check_inputs(labels, scores, weights)
-    if scores.size == 0:
-        empty = np.zeros(0)
-        return ScoreGroups(empty, empty, empty)
-    order = np.argsort(scores, kind="stable")
-    sorted_scores = scores[order]
-    w = np.ones(scores.size) if weights is None else weights[order]
-    y = labels[order].astype(np.float64)
-    starts = np.concatenate(([0], np.flatnonzero(np.diff(sorted_scores)) + 1))
-    pos = np.add.reduceat(w * y, starts)
-    neg = np.add.reduceat(w * (1.0 - y), starts)
-    score_sum = np.add.reduceat(w * sorted_scores, starts)
-    return ScoreGroups(pos, neg, score_sum)
+    return groups_from_sorted(sort_rows(labels, scores, weights))
 
 
 def _require_both_classes(positives: float, negatives: float, metric: str) -> None:

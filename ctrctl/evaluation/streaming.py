@@ -41,6 +41,7 @@ from ctrctl.evaluation.calibration import (
     DEFAULT_BINS,
     ReliabilityBin,
     expected_calibration_error,
+    reliability_from_sorted,
     reliability_from_units,
 )
 from ctrctl.evaluation.metrics import (
@@ -51,9 +52,10 @@ from ctrctl.evaluation.metrics import (
     average_precision_from_groups,
     calibration_from,
     check_inputs,
-    group_by_score,
+    groups_from_sorted,
     logloss_sum,
     normalized_entropy_from,
+    sort_rows,
 )
 
 logger = logging.getLogger(__name__)
@@ -326,8 +328,8 @@ class MetricAccumulator:
         rows, weight, positives, score_sum, loss_sum = (float(v) for v in self.sums)
         undefined: dict[str, str] = {}
         if self._held is not None:
-            labels, scores, weights = self._held_arrays()
-            groups = group_by_score(labels, scores, weights)
+            rows_sorted = sort_rows(*self._held_arrays())
+            groups = groups_from_sorted(rows_sorted)
             mode = "exact"
         else:
             groups = self.histogram.groups()
@@ -348,9 +350,7 @@ class MetricAccumulator:
         reliability: list[ReliabilityBin] = []
         if weight > 0:
             if mode == "exact":
-                from ctrctl.evaluation.calibration import reliability_table
-
-                reliability = reliability_table(labels, scores, weights, self.ece_bins)
+                reliability = reliability_from_sorted(rows_sorted, self.ece_bins)
             else:
                 reliability = self.histogram.reliability(self.ece_bins)
         metrics = Metrics(

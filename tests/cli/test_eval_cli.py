@@ -184,6 +184,7 @@ def test_mlflow_run_has_metrics_artifacts_and_training_run_tag(
     assert {"metrics.json", "reliability.png", "scores.png"} <= artifacts
 
 
+@pytest.mark.slow  # torchrun starts fresh interpreters: ~15 s
 @pytest.mark.distributed
 def test_two_processes_give_the_one_process_metrics(
     scored: tuple[Path, Path, np.ndarray], tmp_path: Path
@@ -265,6 +266,7 @@ def test_criteo_checkpoint_eval_reports_and_a_high_gate_fails(
 
 
 @needs_training
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_criteo_checkpoint_two_processes_match_one(
     criteo_run: tuple[Path, Path], tmp_path: Path

@@ -7,7 +7,6 @@ import pytest
 from sklearn.metrics import average_precision_score, log_loss, roc_auc_score
 
 from ctrctl.evaluation.segments import OTHER, SegmentAccumulator
-from ctrctl.testing.multiprocess import run_multiprocess
 
 
 def rows(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -56,27 +55,3 @@ def test_one_class_segment_and_overflow_to_other() -> None:
     assert table[1]["auc"] is None and table[1]["calibration"] is None  # no clicks: no NaN
     assert table[2]["auc"] == 1.0
     assert table[OTHER]["rows"] == 4
-
-
-def _rank_body(rank: int, world_size: int) -> list[dict]:
-    segment, labels, scores = rows(20_000, seed=3)
-    # rank 1 sees the segments in another order, so the value lists differ before sync
-    mine = np.arange(labels.size)[rank::world_size][:: 1 if rank == 0 else -1]
-    acc = SegmentAccumulator("device", num_bins=256, exact_limit=0)
-    acc.update(segment[mine], labels[mine], scores[mine])
-    acc.sync()
-    return acc.compute()
-
-
-@pytest.mark.distributed
-def test_segments_combine_across_ranks() -> None:
-    per_rank = run_multiprocess(_rank_body, 2)
-    segment, labels, scores = rows(20_000, seed=3)
-    single = SegmentAccumulator("device", num_bins=256, exact_limit=0)
-    single.update(segment, labels, scores)
-    expected = {r["segment"]: r for r in single.compute()}
-    for table in per_rank:
-        assert {r["segment"] for r in table} == set(expected)
-        for row in table:
-            for key in ("rows", "positives", "auc", "auc_bound", "logloss", "calibration"):
-                assert row[key] == pytest.approx(expected[row["segment"]][key], rel=1e-9)

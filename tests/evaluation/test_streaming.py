@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from sklearn.metrics import average_precision_score, log_loss, roc_auc_score
 
-from ctrctl.evaluation.metrics import roc_auc
 from ctrctl.evaluation.streaming import MetricAccumulator, ScoreHistogram
-from ctrctl.testing.multiprocess import run_multiprocess
 
 
 def synthetic(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -103,36 +100,3 @@ def test_histogram_bins_are_monotone_in_the_score() -> None:
     index = hist.bin_index(scores)
     assert (np.diff(index) >= 0).all()
     assert index[0] == 0 and index[-1] == hist.num_bins - 1
-
-
-def _rank_body(rank: int, world_size: int, exact_limit: int) -> dict[str, float]:
-    labels, scores = synthetic(90_000, seed=7)
-    # an uneven split: rank r gets a slice of its own size
-    cuts = np.linspace(0, labels.size, world_size + 1).astype(int)
-    cuts[1] += 1234
-    mine = slice(cuts[rank], cuts[rank + 1])
-    acc = feed(MetricAccumulator(exact_limit=exact_limit), labels[mine], scores[mine], batch=7_000)
-    acc.sync()
-    m = acc.compute()
-    return {k: v for k, v in m.scalars().items() if isinstance(v, (int, float))} | {
-        "mode": m.auc_mode
-    }
-
-
-@pytest.mark.distributed
-@pytest.mark.parametrize(("world_size", "exact_limit"), [(2, 10**7), (3, 0)])
-def test_ranks_combine_exactly(world_size: int, exact_limit: int) -> None:
-    per_rank = run_multiprocess(_rank_body, world_size, args=(exact_limit,))
-    labels, scores = synthetic(90_000, seed=7)
-    single = feed(MetricAccumulator(exact_limit=exact_limit), labels, scores).compute()
-    expected = {k: v for k, v in single.scalars().items() if isinstance(v, (int, float))}
-    for result in per_rank:
-        assert result["mode"] == single.auc_mode
-        for key, value in expected.items():
-            torch.testing.assert_close(
-                torch.tensor(result[key], dtype=torch.float64),
-                torch.tensor(value, dtype=torch.float64),
-                msg=f"{key} differs",
-            )
-    assert roc_auc(labels, scores) == pytest.approx(per_rank[0]["auc"], abs=max(
-        per_rank[0]["auc_bound"], 1e-9))
