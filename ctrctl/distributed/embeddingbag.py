@@ -129,8 +129,12 @@ class ShardedEmbeddingBagCollection(nn.Module):
         values, weights = features.values(), features.weights_or_none()
         outputs = []
         for group in self.groups.values():
-            perm = torch.tensor([index[f] for f in group.feature_names], dtype=torch.long)
-            g_len, g_val, g_wt = permute_2d_sparse(perm, lengths, values, weights)
+            wanted = [index[f] for f in group.feature_names]
+            if wanted == list(range(len(keys))):
+                g_len, g_val, g_wt = lengths, values, weights
+            else:
+                perm = torch.tensor(wanted, dtype=torch.long)
+                g_len, g_val, g_wt = permute_2d_sparse(perm, lengths, values, weights)
             outputs.append(group(g_len, g_val, g_wt))                          # (B, D_g)
         pooled = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         if self.column_order is not None:

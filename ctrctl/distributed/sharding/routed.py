@@ -68,7 +68,12 @@ class RoutedSharding(EmbeddingSharding):
                                                     backend=backend))
             self.runs.append((start, end, t0, t1))
             start = end
-        self.register_buffer("all_columns", self.layout.target_columns(), persistent=False)
+        all_columns = self.layout.target_columns()
+        self.register_buffer("all_columns", all_columns, persistent=False)
+        # Blocks that tile the output once (no row blocks to sum) need only a column gather.
+        self.gather_columns: torch.Tensor | None = None
+        if torch.equal(torch.sort(all_columns).values, torch.arange(self.layout.output_dim)):
+            self.gather_columns = torch.argsort(all_columns)
         self.register_buffer("my_columns", self.layout.target_columns([self.rank]),
                              persistent=False)
         self.widths = [self.layout.rank_width(r) for r in range(world)]
@@ -113,6 +118,8 @@ class RoutedSharding(EmbeddingSharding):
                                             self.grad_scale)
         received = comm.pooled_all_to_all(local, batch_per_rank, self.widths, self.group,
                                           self.grad_scale)                     # (B, sum W)
+        if self.gather_columns is not None:
+            return received.index_select(1, self.gather_columns)              # (B, D)
         out = received.new_zeros(batch, self.layout.output_dim)
         return out.index_add(1, self.all_columns, received)                   # (B, D)
 
