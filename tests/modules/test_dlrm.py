@@ -58,6 +58,25 @@ def test_dot_interaction_against_loops() -> None:
     torch.testing.assert_close(out, torch.stack(expected))
 
 
+def test_dot_interaction_gradients() -> None:
+    """The written-out backward against autograd through the plain cat + bmm formulation."""
+    gen = torch.Generator().manual_seed(1)
+    dense = torch.randn(6, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    sparse = torch.randn(6, 5, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    interaction = DotInteraction(num_sparse_features=5)
+    torch.autograd.gradcheck(lambda d, s: interaction(d, s), (dense, sparse))
+
+    x = torch.cat([dense.unsqueeze(1), sparse], dim=1)
+    rows, cols = torch.triu_indices(6, 6, offset=1)
+    reference = torch.cat([dense, torch.bmm(x, x.transpose(1, 2))[:, rows, cols]], dim=1)
+    upstream = torch.randn(reference.shape, generator=gen, dtype=torch.float64)
+    expected = torch.autograd.grad(reference, (dense, sparse), upstream)
+    out = interaction(dense, sparse)
+    torch.testing.assert_close(out, reference)
+    got = torch.autograd.grad(out, (dense, sparse), upstream)
+    torch.testing.assert_close(got, expected)
+
+
 def test_low_rank_cross_net_against_formula() -> None:
     net = LowRankCrossNet(in_features=6, num_layers=2, low_rank_dim=3)
     x0 = torch.randn(4, 6)
