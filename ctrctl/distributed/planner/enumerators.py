@@ -79,6 +79,8 @@ class EmbeddingEnumerator(Enumerator):
         self.topology = topology
         self.batch_size = batch_size
         self.sharding_types = sharding_types
+        self._all_ranks = np.arange(topology.world_size)
+        self._all_ranks.setflags(write=False)
 
     def allowed_types(self, table: TableSpec) -> list[str]:
         types = [t.value for t in ShardingType]
@@ -117,9 +119,8 @@ class EmbeddingEnumerator(Enumerator):
                     continue  # one replica is table_wise
                 if pinned is not None and len(pinned) < world:
                     continue
-                n = np.ones(world, dtype=np.int64)
-                geometries.append((kind, n * rows_n, n * dim, 0 * n, 0 * n,
-                                   np.arange(world), False))
+                # Replicas are alike: price one, copy it to every rank if it is kept.
+                geometries.append((kind, one * rows_n, one * dim, zero, zero, zero, False))
             elif kind in (ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value):
                 span = world if kind == ShardingType.ROW_WISE.value else local
                 if span == 1 and not forced_single:
@@ -133,8 +134,8 @@ class EmbeddingEnumerator(Enumerator):
                     continue
                 offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
                 cols = np.full_like(sizes, dim)
-                geometries.append((kind, sizes, cols, offsets, 0 * sizes,
-                                   np.arange(len(sizes)),
+                geometries.append((kind, sizes, cols, offsets, np.zeros_like(sizes),
+                                   self._all_ranks[:len(sizes)],
                                    kind == ShardingType.TABLE_ROW_WISE.value))
             else:  # column_wise, table_column_wise
                 span = world if kind == ShardingType.COLUMN_WISE.value else local
@@ -159,4 +160,29 @@ class EmbeddingEnumerator(Enumerator):
                     cols=cols, row_offsets=roff, col_offsets=coff, fixed_ranks=fixed,
                     host_local=host_local, cache_load_factor=clf))
             options.extend(price_kernels(same_shape, topo, self.batch_size))
-        return options
+        return self._replicate_data_parallel(options, forced_single)
+
+    def _replicate_data_parallel(self, options: list[ShardingOption], forced: bool
+                                 ) -> list[ShardingOption]:
+        """Drop replicas that cost a rank as much as the whole table does table-wise (they
+        raise every rank by more than table-wise raises one); copy the rest to every rank."""
+        dp = ShardingType.DATA_PARALLEL.value
+        table_wise = [o.total_cost for o in options
+                      if o.sharding_type == ShardingType.TABLE_WISE.value and o.pending is None]
+        kept = []
+        world = self.topology.world_size
+        for o in options:
+            if o.sharding_type != dp:
+                kept.append(o)
+                continue
+            if table_wise and not forced and o.total_cost >= min(table_wise):
+                continue
+            # Read-only broadcast views: W identical replicas cost no memory to describe.
+            for name in ("rows", "cols", "row_offsets", "col_offsets", "fwd_compute",
+                         "bwd_compute", "fwd_comms", "bwd_comms", "hbm", "ddr"):
+                setattr(o, name, np.broadcast_to(getattr(o, name)[:1], (world,)))
+            o.fixed_ranks = self._all_ranks
+            o.set_totals(np.broadcast_to(o.cost[:1], (world,)), o.total_cost * world,
+                         o.storage_bytes * world)
+            kept.append(o)
+        return kept

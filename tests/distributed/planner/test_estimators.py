@@ -90,7 +90,8 @@ def test_cached_kernel_keeps_a_share_on_device() -> None:
 def test_data_parallel_pays_all_reduce_of_the_table() -> None:
     topo = Topology.preset("torchrec", world_size=4)
     table = TableSpec("t", 5_000, 64)
-    dp = _option(EmbeddingEnumerator(topo, batch_size=64).enumerate(table), "data_parallel",
+    enum = EmbeddingEnumerator(topo, batch_size=64, sharding_types=("data_parallel",))
+    dp = _option(enum.enumerate(table), "data_parallel",
                  "dense")
     assert dp.num_shards == 4 and dp.fixed_ranks is not None
     assert_close(dp.fwd_comms, np.zeros(4))
