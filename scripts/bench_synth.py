@@ -1,0 +1,156 @@
+"""Synthetic log throughput: ``synthesize`` rows/s against plain writers of the same rows.
+
+For each format, on ``--rows`` rows (1M; ``--quick``: 200k), medians over ``--repeats``:
+
+- ``synthesize``: the whole job, files written (logs, probabilities, synth.json, best AUC);
+- ``generate``: the rows in memory only (click model, Zipf draws, hashing);
+- ``encode``: the same tables turned into text by ctrctl's encoder, against two references
+  in the same run: polars ``write_csv`` (vectorised) and Python string formatting (on a
+  slice, scaled to rows/s).
+
+The target is 1M rows/s for ``synthesize``; the ``x target`` column is rows/s / 1M.
+
+    .venv/bin/python scripts/bench_synth.py            # 1M rows
+    .venv/bin/python scripts/bench_synth.py --quick    # 200k rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from ctrctl.data.synthetic import (
+    click_model,
+    encode_lines,
+    iter_batches,
+    synthesize,
+    text_of,
+)
+
+TARGET_ROWS_PER_S = 1_000_000
+PYTHON_REFERENCE_ROWS = 20_000
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="200k rows instead of 1M")
+    parser.add_argument("--rows", type=int, default=None, help="rows per run (overrides --quick)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--formats", nargs="+", default=["criteo", "avazu"])
+    parser.add_argument("--workers", type=int, default=None, help="threads (default: by CPUs)")
+    parser.add_argument("--out", type=Path, default=Path("bench-out/synth.json"))
+    return parser.parse_args(argv)
+
+
+def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def python_lines(table: pa.Table, separator: str) -> bytes:
+    """The reference a first version would write: one f-string-ish join per row."""
+    columns = [column.to_pylist() for column in table.itercolumns()]
+    out = io.StringIO()
+    for row in zip(*columns, strict=True):
+        out.write(separator.join("" if v is None else str(v) for v in row))
+        out.write("\n")
+    return out.getvalue().encode()
+
+
+def bench_format(fmt: str, rows: int, repeats: int, workers: int | None) -> dict[str, Any]:
+    click_model(fmt, 0)  # build the model once, outside the timings (as a warm cache would)
+    separator = "," if fmt == "avazu" else "\t"
+    scratch = Path(tempfile.mkdtemp(prefix="bench-synth-"))
+    try:
+
+        def write() -> None:
+            synthesize(scratch / "out", rows=rows, format=fmt, overwrite=True, workers=workers)
+
+        write_s = median_seconds(write, repeats)
+        size = sum(p.stat().st_size for p in (scratch / "out").iterdir())
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    generate_s = median_seconds(lambda: list(iter_batches(fmt, rows)), repeats)
+    tables = [batch.table for batch in iter_batches(fmt, rows)]
+    encode_s = median_seconds(
+        lambda: [len(text_of(encode_lines(t, separator))) for t in tables], repeats
+    )
+    frames = [pl.from_arrow(t) for t in tables]
+    polars_s = median_seconds(
+        lambda: [
+            f.write_csv(io.BytesIO(), separator=separator, include_header=False) for f in frames
+        ],
+        repeats,
+    )
+    head = tables[0].slice(0, min(PYTHON_REFERENCE_ROWS, rows))
+    python_s = median_seconds(lambda: python_lines(head, separator), repeats) * rows / len(head)
+    # The encoder's text equals the reference's, or the comparison would mean nothing.
+    assert bytes(text_of(encode_lines(head, separator)))[1:] + b"\n" == python_lines(
+        head, separator
+    )
+    return {
+        "format": fmt,
+        "rows": rows,
+        "bytes": size,
+        "synthesize_rows_per_s": rows / write_s,
+        "generate_rows_per_s": rows / generate_s,
+        "encode_rows_per_s": rows / encode_s,
+        "polars_write_csv_rows_per_s": rows / polars_s,
+        "python_format_rows_per_s": rows / python_s,
+        "encode_vs_polars": polars_s / encode_s,
+        "encode_vs_python": python_s / encode_s,
+        "synthesize_vs_target": rows / write_s / TARGET_ROWS_PER_S,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rows = args.rows or (200_000 if args.quick else 1_000_000)
+    results = [bench_format(fmt, rows, args.repeats, args.workers) for fmt in args.formats]
+    header = (
+        f"{'format':<8}{'synthesize':>12}{'x target':>9}{'generate':>11}{'encode':>11}"
+        f"{'polars csv':>12}{'python':>10}{'enc/polars':>11}{'enc/python':>11}"
+    )
+    print(f"rows/s, {rows:,} rows, median of {args.repeats}, {os.cpu_count()} CPUs")
+    print(header)
+    for r in results:
+        print(
+            f"{r['format']:<8}{r['synthesize_rows_per_s']:>12,.0f}{r['synthesize_vs_target']:>9.2f}"
+            f"{r['generate_rows_per_s']:>11,.0f}{r['encode_rows_per_s']:>11,.0f}"
+            f"{r['polars_write_csv_rows_per_s']:>12,.0f}{r['python_format_rows_per_s']:>10,.0f}"
+            f"{r['encode_vs_polars']:>11.2f}{r['encode_vs_python']:>11.1f}"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "benchmark": "synth",
+        "rows": rows,
+        "repeats": args.repeats,
+        "quick": args.quick,
+        "cpus": os.cpu_count(),
+        "target_rows_per_s": TARGET_ROWS_PER_S,
+        "results": results,
+    }
+    args.out.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"results in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
