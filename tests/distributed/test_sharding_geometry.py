@@ -17,12 +17,11 @@ TABLES = [TableSpec("a", 10, 8, ("fa",)), TableSpec("b", 7, 16, ("fb", "fc")),
 
 def naive_bucketize(lengths, values, weights, blocks):
     """Per block, per bag: the ids of the bag that fall in the block, made block-local."""
-    starts = [b[0] for b in blocks]
     bag_values = list(values.split(lengths.reshape(-1).tolist()))
     bag_weights = list(weights.split(lengths.reshape(-1).tolist())) if weights is not None \
         else None
     out_len, out_val, out_wt = [], [], []
-    for k, (start, rows) in enumerate(blocks):
+    for start, rows in blocks:
         for i, bag in enumerate(bag_values):
             keep = (bag >= start) & (bag < start + rows)
             out_len.append(int(keep.sum()))
