@@ -97,7 +97,7 @@ def eval_command(
     """Evaluate a checkpoint (or a predictions file) on a dataset split."""
     from ctrctl.evaluation import launch as dist_launch
     from ctrctl.evaluation.evaluate import evaluate, gates_from_output
-    from ctrctl.evaluation.gates import parse_gates
+    from ctrctl.evaluation.gates import parse_gates, raise_for_failures
     from ctrctl.evaluation.outputs import check_output
 
     parse_gates(gate or [])  # a bad gate fails here, before anything runs
@@ -120,19 +120,22 @@ def eval_command(
             num_bins=num_bins, exact_limit=exact_limit, ece_bins=ece_bins,
             progress=make_progress() if rank == 0 else None,
             tracker=tracker_from(no_track or rank != 0, tracking_uri, experiment),
-            gates_raise=not os.environ.get(dist_launch.CHILD_ENV),
+            gates_raise=False,
         )
     finally:
         if distributed:
             import torch.distributed as dist
 
             dist.destroy_process_group()
-    if rank == 0 and not os.environ.get(dist_launch.CHILD_ENV):
+    if os.environ.get(dist_launch.CHILD_ENV):
+        return  # the launching process reports, from gates.json
+    if rank == 0:
         _summary(result.metrics, result.segments)
         for g in result.gates:
-            console.print(f"[green]gate[/] {g.describe()}")
+            console.print(f"[{'green' if g.passed else 'red'}]gate[/] {g.describe()}")
         if as_json:
             stdout.print_json(data=result.metrics)
+    raise_for_failures(result.gates)
 
 
 def _child_args(values: dict[str, Any]) -> list[str]:

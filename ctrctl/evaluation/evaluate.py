@@ -315,7 +315,7 @@ def evaluate(
             discard_output(staging)
         raise
     for gate in result.gates if rank == 0 else ():
-        logger.info("gate %s", gate.describe())
+        logger.debug("gate %s", gate.describe())
     if gates_raise:
         raise_for_failures(result.gates)
     return result

@@ -106,6 +106,7 @@ def test_failed_gate_exits_2_and_says_by_how_much(
     err = capsys.readouterr().err
     assert code == 2
     assert "auc>=0.99: FAILED" in err and "missed by" in err
+    assert "PR-AUC" in err  # the summary is printed before the failure
     auc = json.loads((out / "metrics.json").read_text())["auc"]
     assert f"{0.99 - auc:.4g}" in err  # the margin it missed by
     gates = json.loads((out / "gates.json").read_text())
