@@ -23,11 +23,11 @@ from ctrctl.errors import ConfigError
 
 
 class _PairwiseDot(torch.autograd.Function):
-    """[d, d . e_j for all j, e_i . e_j for i < j], without building [d, e_1, ..., e_F].
+    """[d, upper triangle of x x^T] for x = [d, e_1, ..., e_F], with the backward written out.
 
-    Splitting the Gram matrix of x = [d, E] into d . E and E E^T reads the pooled embeddings
-    in place (no (B, F + 1, D) copy) and, with the backward written out, takes two batched
-    matmuls instead of three: for Z = E E^T and G = dL/dZ (upper triangle), dL/dE = (G + G^T) E.
+    For Z = x x^T and G = dL/dZ (zero outside the kept upper triangle), dL/dx = (G + G^T) x:
+    one batched matmul in backward where autograd through ``bmm`` takes two, and the
+    gradient of the sparse part comes out contiguous, as the embedding kernel wants it.
     """
 
     @staticmethod
@@ -35,28 +35,25 @@ class _PairwiseDot(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: Any, dense: torch.Tensor, sparse: torch.Tensor, pair_index: torch.Tensor
     ) -> torch.Tensor:
-        batch, num_sparse, _ = sparse.shape
-        dense_dots = torch.bmm(sparse, dense.unsqueeze(2)).squeeze(2)  # (B, F)
-        gram = torch.bmm(sparse, sparse.transpose(1, 2))  # (B, F, F)
-        sparse_dots = gram.view(batch, num_sparse * num_sparse).index_select(1, pair_index)
-        ctx.save_for_backward(dense, sparse, pair_index)
-        return torch.cat([dense, dense_dots, sparse_dots], dim=1)  # (B, D + F + F (F - 1) / 2)
+        batch = dense.size(0)
+        x = torch.cat([dense.unsqueeze(1), sparse], dim=1)  # (B, F + 1, D)
+        n = x.size(1)
+        gram = torch.bmm(x, x.transpose(1, 2))  # (B, F + 1, F + 1)
+        pairs = gram.view(batch, n * n).index_select(1, pair_index)  # (B, (F + 1) F / 2)
+        ctx.save_for_backward(x, pair_index)
+        return torch.cat([dense, pairs], dim=1)  # (B, D + (F + 1) F / 2)
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # (B, D + F + F (F - 1) / 2)
-        dense, sparse, pair_index = ctx.saved_tensors
-        batch, num_sparse, dim = sparse.shape
-        grad_direct = grad[:, :dim]  # (B, D)
-        grad_dense_dots = grad[:, dim : dim + num_sparse]  # (B, F)
-        grad_gram = grad.new_zeros(batch, num_sparse * num_sparse)
-        grad_gram.index_copy_(1, pair_index, grad[:, dim + num_sparse :])
-        grad_gram = grad_gram.view(batch, num_sparse, num_sparse)
-        symmetric = grad_gram + grad_gram.transpose(1, 2)  # (B, F, F)
-        grad_sparse = torch.baddbmm(
-            grad_dense_dots.unsqueeze(2) * dense.unsqueeze(1), symmetric, sparse
-        )  # (B, F, D)
-        grad_dense = grad_direct + torch.bmm(grad_dense_dots.unsqueeze(1), sparse).squeeze(1)
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # (B, D + (F + 1) F / 2)
+        x, pair_index = ctx.saved_tensors
+        batch, n, dim = x.shape
+        grad_gram = grad.new_zeros(batch, n * n)
+        grad_gram.index_copy_(1, pair_index, grad[:, dim:])
+        grad_gram = grad_gram.view(batch, n, n)
+        symmetric = grad_gram + grad_gram.transpose(1, 2)  # (B, F + 1, F + 1)
+        grad_sparse = torch.bmm(symmetric[:, 1:], x)  # (B, F, D), contiguous
+        grad_dense = grad[:, :dim] + torch.bmm(symmetric[:, :1], x).squeeze(1)  # (B, D)
         return grad_dense, grad_sparse, None
 
 
@@ -73,9 +70,9 @@ class DotInteraction(nn.Module):
     def __init__(self, num_sparse_features: int) -> None:
         super().__init__()
         self.num_sparse_features = num_sparse_features
-        n = num_sparse_features
+        n = num_sparse_features + 1
         rows, cols = torch.triu_indices(n, n, offset=1)
-        # Flat positions of the kept pairs in an (F, F) matrix: one gather instead of two.
+        # Flat positions of the kept pairs in an (F + 1, F + 1) matrix: one gather, not two.
         self.pair_index: torch.Tensor
         self.register_buffer("pair_index", rows * n + cols, persistent=False)
 
