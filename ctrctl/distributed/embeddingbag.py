@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -103,9 +103,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if unknown:
             raise PlanError(f"unknown sharding type(s) {sorted(unknown)}",
                             hint=f"use one of {list(SHARDING_CLASSES)}")
-        group_features = [f for g in self.groups.values() for f in g.feature_names]
+        group_features = [f for g in self.sharding_groups() for f in g.feature_names]
         position = {f: i for i, f in enumerate(group_features)}
-        group_dims = [d for g in self.groups.values() for d in g.feature_dims]
+        group_dims = [d for g in self.sharding_groups() for d in g.feature_dims]
         starts = [0]
         for d in group_dims:
             starts.append(starts[-1] + d)
@@ -113,6 +113,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
                            for f in self.feature_names])
         identity = bool(torch.equal(order, torch.arange(order.numel())))
         self.register_buffer("column_order", None if identity else order, persistent=False)
+
+    def sharding_groups(self) -> list[EmbeddingSharding]:
+        """One group per sharding type present, in the order they run."""
+        return [cast(EmbeddingSharding, g) for g in self.groups.values()]
 
     # ---- forward ----------------------------------------------------------------------------
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
@@ -128,7 +132,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         lengths = features.lengths().view(len(keys), batch)
         values, weights = features.values(), features.weights_or_none()
         outputs = []
-        for group in self.groups.values():
+        for group in self.sharding_groups():
             wanted = [index[f] for f in group.feature_names]
             if wanted == list(range(len(keys))):
                 g_len, g_val, g_wt = lengths, values, weights
@@ -138,13 +142,13 @@ class ShardedEmbeddingBagCollection(nn.Module):
             outputs.append(group(g_len, g_val, g_wt))                          # (B, D_g)
         pooled = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         if self.column_order is not None:
-            pooled = pooled.index_select(1, self.column_order)
+            pooled = pooled.index_select(1, cast(torch.Tensor, self.column_order))
         return KeyedTensor(self.feature_names, self.feature_dims, pooled)
 
     # ---- state ------------------------------------------------------------------------------
     def local_shards(self) -> list[LocalShard]:
         """Every shard this rank holds (weights and optimizer state as views)."""
-        return [s for g in self.groups.values() for s in g.local_shards()]
+        return [s for g in self.sharding_groups() for s in g.local_shards()]
 
     def data_parallel_parameters(self) -> Iterator[nn.Parameter]:
         """The replicated (data-parallel) tables: trained by the dense optimizer."""
@@ -152,7 +156,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             yield from self.groups[ShardingType.DATA_PARALLEL.value].parameters()
 
     def fused_lookups(self) -> list[BatchedEmbeddingBag]:
-        return [k for g in self.groups.values() for k in g.fused_lookups()]
+        return [k for g in self.sharding_groups() for k in g.fused_lookups()]
 
     def load_table_weights(self, weights: Mapping[str, torch.Tensor],
                            optimizer_states: Mapping[str, Mapping[str, torch.Tensor]]
@@ -231,7 +235,7 @@ class EmbeddingBagCollectionSharder:
         weights = module.embedding_bag_weights()
         sharded.load_table_weights(weights, module.optimizer_state())
         if ShardingType.DATA_PARALLEL.value in sharded.groups:
-            dp = sharded.groups[ShardingType.DATA_PARALLEL.value]
+            dp = cast(EmbeddingSharding, sharded.groups[ShardingType.DATA_PARALLEL.value])
             with torch.no_grad():
                 for table, param in zip(dp.tables, dp.parameters(), strict=True):
                     param.copy_(weights[table.name])

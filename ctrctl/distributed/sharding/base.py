@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -63,7 +64,7 @@ class EmbeddingSharding(nn.Module, abc.ABC):
     sharding_type: str = ""
 
     def __init__(self, tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding],
-                 optimizer: EmbeddingOptimizerConfig, group: object | None = None,
+                 optimizer: EmbeddingOptimizerConfig, group: Any | None = None,
                  grad_scale: float = 1.0, backend: str = "auto") -> None:
         super().__init__()
         self.backend = backend

@@ -266,14 +266,14 @@ def route(
         seg_len, seg_val, seg_wt = [], [], []
         for slot in layout.slots_per_rank[rank]:
             if slot.table in buckets:
-                b_len, b_val, b_wt = buckets[slot.table]
+                s_len, s_vals, s_wts = buckets[slot.table]
                 first = next(f for f, (_, ft) in enumerate(layout.features) if ft == slot.table)
                 k = slot.feature - first
-                n_feats = b_len.shape[1]
-                seg_len.append(b_len[slot.bucket, k])
-                seg_val.append(b_val[slot.bucket * n_feats + k])
-                if b_wt is not None:
-                    seg_wt.append(b_wt[slot.bucket * n_feats + k])
+                n_feats = s_len.shape[1]
+                seg_len.append(s_len[slot.bucket, k])
+                seg_val.append(s_vals[slot.bucket * n_feats + k])
+                if s_wts is not None:
+                    seg_wt.append(s_wts[slot.bucket * n_feats + k])
             else:
                 seg_len.append(lengths[slot.feature])
                 seg_val.append(values_f[slot.feature])

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,7 +34,7 @@ class DpSharding(EmbeddingSharding):
     sharding_type = ShardingType.DATA_PARALLEL.value
 
     def __init__(self, tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding],
-                 optimizer: EmbeddingOptimizerConfig, group: object | None = None,
+                 optimizer: EmbeddingOptimizerConfig, group: Any | None = None,
                  grad_scale: float = 1.0, backend: str = "auto") -> None:
         super().__init__(tables, shardings, optimizer, group, grad_scale, backend)
         self.rank = dist.get_rank(group)

@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -41,9 +42,11 @@ class RoutedSharding(EmbeddingSharding):
     """
 
     reduce_scatter = False
+    all_columns: torch.Tensor
+    my_columns: torch.Tensor
 
     def __init__(self, tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding],
-                 optimizer: EmbeddingOptimizerConfig, group: object | None = None,
+                 optimizer: EmbeddingOptimizerConfig, group: Any | None = None,
                  grad_scale: float = 1.0, backend: str = "auto") -> None:
         super().__init__(tables, shardings, optimizer, group, grad_scale, backend)
         self.check_geometry()
@@ -81,6 +84,9 @@ class RoutedSharding(EmbeddingSharding):
                          if self.layout.row_split(t) and self.layout.tables[t].pooling == "mean"]
         self.mean_features = mean_features
 
+    def kernels(self) -> list[BatchedEmbeddingBag]:
+        return [cast(BatchedEmbeddingBag, k) for k in self.lookups]
+
     def check_geometry(self) -> None:
         """Raise PlanError when a plan entry does not fit this type (subclasses refine)."""
 
@@ -102,7 +108,7 @@ class RoutedSharding(EmbeddingSharding):
             return torch.zeros(global_batch, 0, requires_grad=torch.is_grad_enabled())
         offsets = complete_cumsum(lengths.long())
         pooled = []
-        for (s0, s1, _, _), kernel in zip(self.runs, self.lookups, strict=True):
+        for (s0, s1, _, _), kernel in zip(self.runs, self.kernels(), strict=True):
             first, last = s0 * global_batch, s1 * global_batch
             v0, v1 = int(offsets[first]), int(offsets[last])
             pooled.append(kernel(values[v0:v1], offsets[first:last + 1] - v0,
@@ -144,7 +150,7 @@ class RoutedSharding(EmbeddingSharding):
     def local_shards(self) -> list[LocalShard]:
         shards = []
         local_tables = self.layout.local_tables[self.rank]
-        for (_, _, t0, t1), kernel in zip(self.runs, self.lookups, strict=True):
+        for (_, _, t0, t1), kernel in zip(self.runs, self.kernels(), strict=True):
             weights = kernel.split_weights()
             states = kernel.optimizer_state()
             for i, (t, shard) in enumerate(local_tables[t0:t1]):
