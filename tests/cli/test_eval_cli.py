@@ -183,6 +183,14 @@ def test_mlflow_run_has_metrics_artifacts_and_training_run_tag(
     assert "logloss" in run.data.metrics and "calibration" in run.data.metrics
     artifacts = {a.path for a in MlflowClient(uri).list_artifacts(result.run_id)}
     assert {"metrics.json", "reliability.png", "scores.png"} <= artifacts
+    assert run.data.tags["ctrctl.gates"] == "passed"
+    # evaluating a checkpoint whose metadata names its training run tags the eval run with it
+    import importlib
+
+    evaluate_module = importlib.import_module("ctrctl.evaluation.evaluate")  # not the function
+    tagged = evaluate_module._track(make_tracker(True, uri, "eval-test"), tmp_path / "out",
+                                    result, checkpoint, "test", ())
+    assert MlflowClient(uri).get_run(tagged).data.tags["ctrctl.training_run_id"] == "abc123"
 
 
 @pytest.mark.slow  # torchrun starts fresh interpreters: ~15 s
