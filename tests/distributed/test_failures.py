@@ -35,6 +35,7 @@ def test_rank_killed_mid_step_is_named() -> None:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_rank_raising_is_named_with_its_error() -> None:
     results = run_ranks(raise_mid_step_body, 2, args=(1,), timeout_s=TIMEOUT_S)
     assert results[1][0] == "ValueError"
@@ -45,6 +46,7 @@ def test_rank_raising_is_named_with_its_error() -> None:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_rank_killed_while_checkpointing_leaves_no_checkpoint(tmp_path: Path) -> None:
     folder = tmp_path / "ckpt"
     results = run_ranks(kill_in_checkpoint_body, 2, args=(str(folder), 1),

@@ -14,7 +14,8 @@ MIXED2 = {"t0": "table_row_wise", "t1": "table_column_wise", "t2": "data_paralle
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("world_size,plan", [(2, MIXED), (3, MIXED2)])
+@pytest.mark.parametrize("world_size,plan", [
+    (2, MIXED), pytest.param(3, MIXED2, marks=pytest.mark.slow)])
 def test_dmp_matches_unsharded_model(world_size: int, plan: dict[str, str]) -> None:
     # exact_sgd at the dense optimizer's lr: data-parallel tables (dense SGD) and fused
     # tables then follow the same rule as the reference's single EmbeddingBagCollection.

@@ -18,6 +18,7 @@ RESUME_PLANS = {
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_checkpoint_reshards_from_2_to_3_and_1(tmp_path: Path) -> None:
     saved = run_multiprocess(save_body, 2, args=(str(tmp_path / "ckpt"), SAVE_PLAN))
     path = saved[0]["path"]
