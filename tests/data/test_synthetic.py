@@ -16,6 +16,7 @@ from sklearn.metrics import roc_auc_score
 
 from ctrctl.data.synthetic import (
     DEFAULT_SPLITS,
+    encode_lines,
     encoded_chunks,
     generate_avazu,
     generate_criteo,
@@ -164,6 +165,17 @@ def test_chunks_do_not_depend_on_the_number_of_threads() -> None:
     ]
     assert texts[0] == texts[1]
     assert texts[0].count(b"\n") == rows
+
+
+@pytest.mark.parametrize("fmt", ["criteo", "avazu"])
+def test_encoded_text_equals_plain_python_formatting(fmt: str) -> None:
+    batch = (generate_criteo if fmt == "criteo" else generate_avazu)(3000, seed=5)
+    separator = "\t" if fmt == "criteo" else ","
+    expected = "".join(
+        "\n" + separator.join("" if v is None else str(v) for v in row.values())
+        for row in batch.table.to_pylist()
+    )
+    assert bytes(text_of(encode_lines(batch.table, separator))).decode() == expected
 
 
 def test_in_memory_generator_matches_the_files(criteo_logs: Path) -> None:
