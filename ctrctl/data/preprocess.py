@@ -66,6 +66,10 @@ ROW_GROUP_SIZE = 65_536
 #: lz4 decodes and encodes several times faster than zstd at a modest size cost.
 COMPRESSION: Literal["lz4"] = "lz4"
 _TMP_MARK = ".tmp-"
+#: polars reads CSV in chunks sized from the file by default, so its buffers grow with the
+#: input (~370 MB at 1M Criteo rows); 4 MiB chunks cost no throughput and keep peak memory
+#: nearly flat. A value already set in the environment wins.
+CSV_CHUNK_BYTES = 4 << 20
 
 
 @dataclass
@@ -147,7 +151,7 @@ def _plan_jobs(
                                   where=f"{source.split}={source.path}")
             if day_of(source.path) == last_day:
                 # The last day is halved in file order: first half val, second half test.
-                rows = job.scan.frame.select(pl.len()).collect().item()
+                rows = job.scan.frame.select(pl.len()).collect(engine="streaming").item()
                 job.split_expr = pl.when(pl.col(ROW) < rows // 2).then(pl.lit("val"))
                 job.split_expr = job.split_expr.otherwise(pl.lit("test"))
             else:
@@ -203,6 +207,7 @@ def preprocess(
         InputDataError, SchemaError, ConfigError, OutputExistsError, DatasetError.
     """
     started = time.perf_counter()
+    os.environ.setdefault("POLARS_CSV_CHUNK_SIZE", str(CSV_CHUNK_BYTES))
     progress = progress or Progress()
     tracker = tracker or Tracker()
     out = Path(out)
@@ -440,7 +445,7 @@ def _stream_job(
     else:
         summary = frame.group_by(SPLIT).agg(aggregates)
     try:
-        results = pl.collect_all([*sinks, summary.lazy()])
+        results = pl.collect_all([*sinks, summary.lazy()], engine="streaming")
     except pl.exceptions.PolarsError as exc:
         raise InputDataError(f"cannot read input: {exc}", where=str(job.source.path)) from exc
     table = results[-1]

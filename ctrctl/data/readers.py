@@ -193,5 +193,5 @@ def scan_input(schema: Schema, path: Path) -> ScannedInput:
 
 def raw_row(scan: ScannedInput, row: int) -> dict[str, str | None]:
     """The raw string fields of data row ``row`` (for error messages)."""
-    frame = scan.frame.filter(pl.col(ROW) == row).collect()
+    frame = scan.frame.filter(pl.col(ROW) == row).collect(engine="streaming")
     return frame.drop(ROW).row(0, named=True) if frame.height else {}

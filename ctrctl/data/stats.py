@@ -60,7 +60,7 @@ def dataset_features(
             exprs.append(col.list.len().mean().alias(f"{name}.len"))
             col = col.explode().drop_nulls()
         exprs.append((col.n_unique() if exact else col.approx_n_unique()).alias(f"{name}.card"))
-    stats = scan.select(exprs).collect().row(0, named=True) if exprs else {}
+    stats = scan.select(exprs).collect(engine="streaming").row(0, named=True) if exprs else {}
     dense = tuple(
         DenseFeature(
             name=n, mean=float(stats[f"{n}.mean"] or 0.0), std=float(stats[f"{n}.std"] or 0.0),

@@ -55,7 +55,7 @@ def build_vocabs(
             .with_row_index("id", offset=1)
             .select("value", "count", pl.col("id").cast(pl.Int64))
         )
-    for name, frame in zip(min_counts, pl.collect_all(frames), strict=True):
+    for name, frame in zip(min_counts, pl.collect_all(frames, engine="streaming"), strict=True):
         vocabs[name] = frame
     return vocabs
 

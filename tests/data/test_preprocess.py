@@ -392,3 +392,31 @@ def test_manifest_round_trips(tmp_path: Path) -> None:
     assert loaded.table_sizes() == m.table_sizes()
     assert loaded.transforms["dense"]["I1"]["transform"] == "log1p"
     assert yaml.safe_dump(loaded.schema)  # the schema is stored in full
+
+
+# ---- memory ---------------------------------------------------------------------------------
+def _peak_rss_mb(src: Path, out: Path) -> float:
+    """Preprocess ``src`` in a child process; the child's peak RSS in MiB."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from ctrctl.data.preprocess import preprocess; "
+            "preprocess(sys.argv[1], [sys.argv[2]], sys.argv[3])")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(CRITEO), str(src), str(out)])
+    _, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return usage.ru_maxrss / 1024
+
+
+@pytest.mark.slow
+def test_peak_memory_does_not_grow_with_input(tmp_path: Path) -> None:
+    block = "".join("\t".join(r) + "\n" for r in criteo_rows(10_000))
+    small, large = tmp_path / "small.tsv", tmp_path / "large.tsv"
+    small.write_text(block * 25)  # 250,000 rows
+    with large.open("w") as handle:  # 2,500,000 rows, ~600 MB
+        for _ in range(250):
+            handle.write(block)
+    small_mb = _peak_rss_mb(small, tmp_path / "a")
+    large_mb = _peak_rss_mb(large, tmp_path / "b")
+    assert DatasetManifest.load(tmp_path / "b").splits["train"].rows == 2_500_000
+    assert large_mb <= 1.5 * small_mb, (small_mb, large_mb)
