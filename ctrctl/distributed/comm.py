@@ -203,6 +203,21 @@ def collective(what: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def rank_guard(what: str = "training step") -> Iterator[None]:
+    """:func:`fail_fast` around :func:`collective`: the guard for a whole training step.
+
+    A collective that fails because another rank died becomes a DistributedError naming that
+    rank (and is not blamed on this one); any other exception is recorded for the others.
+
+    Example:
+        >>> with rank_guard():
+        ...     loss = loss_fn(dmp(dense, kjt), labels); loss.backward(); opt.step()
+    """
+    with fail_fast(), collective(what):
+        yield
+
+
+@contextlib.contextmanager
 def fail_fast() -> Iterator[None]:
     """Wrap a rank's work: an exception raised here is written to the store before it leaves.
 
@@ -275,7 +290,8 @@ def jagged_all_to_all(
         raise DistributedError(f"jagged_all_to_all needs one tensor per rank ({world})",
                                where="jagged_all_to_all")
     send_sizes = torch.tensor([[t.numel(), v.numel(), batch_size]
-                               for t, v in zip(lengths, values, strict=True)], dtype=torch.int64)
+                               for t, v in zip(lengths, values, strict=True)], dtype=torch.int64,
+                              device=values[0].device if values else None)
     recv_sizes = torch.empty_like(send_sizes)
     with collective("input distribution (split sizes)"):
         dist.all_to_all_single(recv_sizes, send_sizes, group=group)
@@ -435,9 +451,11 @@ def reduce_scatter_rows(
 def all_gather_sizes(value: int, group: ProcessGroup | None = None) -> list[int]:
     """Every rank's integer ``value`` (e.g. its local batch size)."""
     world = dist.get_world_size(group)
-    out = torch.zeros(world, dtype=torch.int64)
+    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+    out = torch.zeros(world, dtype=torch.int64, device=device)
     with collective("all-gather of sizes"):
-        _all_gather_tensor(out, torch.tensor([value], dtype=torch.int64), group=group)
+        _all_gather_tensor(out, torch.tensor([value], dtype=torch.int64, device=device),
+                           group=group)
     return out.tolist()
 
 

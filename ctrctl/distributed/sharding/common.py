@@ -303,8 +303,10 @@ def to_slot_major(
     if world == 1 or num_slots <= 1:
         return lengths, values, weights
     # segments are (source, slot) blocks of bags; we want them in (slot, source) order
-    seg_bags = torch.tensor([b for b in batch_per_source for _ in range(num_slots)])
-    order = torch.arange(world * num_slots).view(world, num_slots).t().reshape(-1)
+    device = lengths.device
+    seg_bags = torch.tensor([b for b in batch_per_source for _ in range(num_slots)],
+                            device=device)
+    order = torch.arange(world * num_slots, device=device).view(world, num_slots).t().reshape(-1)
     bag_offsets = complete_cumsum(seg_bags)
     bag_index = segment_ranges(bag_offsets, order, order + 1)
     new_lengths = lengths[bag_index]

@@ -51,7 +51,7 @@ class DpSharding(EmbeddingSharding):
         weights_f = weights.split(per_feature) if weights is not None else None
         out = []
         for f, t in enumerate(self.table_of_feature):
-            offsets = torch.zeros(lengths.shape[1] + 1, dtype=torch.long)
+            offsets = torch.zeros(lengths.shape[1] + 1, dtype=torch.long, device=lengths.device)
             torch.cumsum(lengths[f].long(), 0, out=offsets[1:])
             mode = self.tables[t].pooling
             out.append(F.embedding_bag(

@@ -105,7 +105,8 @@ class RoutedSharding(EmbeddingSharding):
                                                  received.batch_per_source)
         if not self.runs:
             # Nothing held here; still take part in backward's collective.
-            return torch.zeros(global_batch, 0, requires_grad=torch.is_grad_enabled())
+            return torch.zeros(global_batch, 0, device=values.device,
+                               requires_grad=torch.is_grad_enabled())
         offsets = complete_cumsum(lengths.long())
         pooled = []
         for (s0, s1, _, _), kernel in zip(self.runs, self.kernels(), strict=True):
@@ -140,7 +141,7 @@ class RoutedSharding(EmbeddingSharding):
 
     def _divide_means(self, out: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         # Row blocks pooled partial sums; the mean needs the whole bag's length, known here.
-        scale = torch.ones(out.shape[1], out.shape[0], dtype=out.dtype)
+        scale = torch.ones(out.shape[1], out.shape[0], dtype=out.dtype, device=out.device)
         for f in self.mean_features:
             a, b = self.layout.feature_offsets[f], self.layout.feature_offsets[f + 1]
             scale[a:b] = 1.0 / lengths[f].clamp(min=1).to(out.dtype)
