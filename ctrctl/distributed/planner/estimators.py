@@ -243,12 +243,15 @@ def step_overhead(sharding_types: set[str], topology: Topology) -> float:
     """Fixed per-step latency of the collectives a plan uses (the same on every rank).
 
     Tables of one sharding type share their collectives, so each type in use adds its own
-    calls: input ids and outputs forward, gradients backward.
+    calls: input ids and outputs forward, gradients backward. A calibrated topology carries
+    each type's measured fixed cost instead.
     """
     if topology.world_size == 1:
         return 0.0
     calls = {ShardingType.DATA_PARALLEL.value: 1, ShardingType.TABLE_ROW_WISE.value: 4}
-    return topology.collective_latency_s * sum(calls.get(t, 3) for t in sharding_types)
+    measured = topology.sharding_overhead_s
+    return sum(measured[t] if t in measured else topology.collective_latency_s * calls.get(t, 3)
+               for t in sharding_types)
 
 
 def lower_bound_step_time(options: list[list[ShardingOption]], world_size: int) -> float:

@@ -65,6 +65,9 @@ class Topology:
             ``ddr_bw`` on cpu) and ``bwd_compute_factor``.
         collective_bw: measured bus bandwidth by collective (``all_to_all``,
             ``reduce_scatter``, ``all_gather``, ``all_reduce``) within a host.
+        sharding_overhead_s: measured fixed seconds per step that using a sharding type
+            adds (its collectives' latency plus the input/output distribution's own work);
+            when set it replaces the latency model of each type.
         calibrated: where the figures came from (empty: defaults).
     """
 
@@ -86,6 +89,7 @@ class Topology:
     kernel_fwd_bw: dict[str, float] = field(default_factory=dict)
     kernel_bwd_bw: dict[str, float] = field(default_factory=dict)
     collective_bw: dict[str, float] = field(default_factory=dict)
+    sharding_overhead_s: dict[str, float] = field(default_factory=dict)
     calibrated: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

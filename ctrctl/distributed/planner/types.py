@@ -31,6 +31,14 @@ OPTIMIZER_STATE: dict[str, tuple[float, float]] = {
     "rowwise_adagrad": (1.0, 0.0),
     "adagrad": (0.0, 1.0),
     "adam": (0.0, 2.0),
+    # FBGEMM's names (ctrctl.modules.optimizers) for the same and a few more.
+    "exact_sgd": (0.0, 0.0),
+    "exact_rowwise_adagrad": (1.0, 0.0),
+    "exact_adagrad": (0.0, 1.0),
+    "partial_rowwise_adam": (1.0, 1.0),
+    "lamb": (0.0, 2.0),
+    "partial_rowwise_lamb": (1.0, 1.0),
+    "lars_sgd": (0.0, 1.0),
 }
 #: Bytes of one id on the wire and in the input buffers (int64).
 INDEX_BYTES = 8
