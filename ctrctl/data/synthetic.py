@@ -74,8 +74,8 @@ __all__ = [
     "generate_avazu",
     "generate_criteo",
     "hex_strings",
-    "parse_assignments",
     "iter_batches",
+    "parse_assignments",
     "roc_auc",
     "split_rows",
     "synthesize",
@@ -107,9 +107,7 @@ def _generate(
 ) -> SynthBatch:
     batches = list(iter_batches(format, rows, seed, cardinalities))
     if not batches:
-        model = _model(format, seed, cardinalities)
-        empty = model.batch(0, 0, 0, 0)
-        return empty
+        return _model(format, seed, cardinalities).batch(0, 0, 0, 0)
     table = pa.concat_tables([b.table for b in batches])
     return SynthBatch(table, np.concatenate([b.prob for b in batches]))
 
@@ -117,7 +115,8 @@ def _generate(
 def generate_criteo(
     rows: int, seed: int = 0, cardinalities: Mapping[str, int] | None = None
 ) -> SynthBatch:
-    """``rows`` Criteo rows in memory (the same rows ``synthesize`` writes for this seed).
+    """``rows`` Criteo rows in memory: the rows ``synthesize`` writes, over all splits in
+    order, for the same ``rows``, seed and cardinalities.
 
     Example:
         >>> batch = generate_criteo(1000, seed=1)
@@ -243,7 +242,7 @@ class SynthResult:
             has one class only): the best any model can reach on it.
         files: split -> log file path.
         cardinalities: sparse feature -> number of distinct values of the generator.
-        seconds: wall time of the generation.
+        seconds: wall time of making and writing the rows.
     """
 
     out: Path
@@ -492,6 +491,7 @@ def _write(
             },
         }
         write_json_atomic(tmp / "synth.json", meta)
+        (tmp / "synth.json").chmod(0o644)  # written through a private temp file
         _replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
