@@ -122,3 +122,21 @@ def test_plan_uses_a_topology_file(tmp_path: Path) -> None:
     plan = ShardingPlan.load(out)
     assert plan.topology["kernel_fwd_bw"] == {"32": 1e9}
     assert plan.metadata["collective_overhead_seconds"] >= 0.5  # the file's latency is used
+
+
+def test_plan_from_a_pipeline_config(tmp_path: Path) -> None:
+    config = tmp_path / "pipe.yaml"
+    config.write_text("model: {embedding_dim: 8, dense_arch: [16, 8]}\n"
+                      "training: {batch_size: 256}\n"
+                      "embedding_optimizer: {kind: adagrad}\n"
+                      "plan: {world_size: 2, device: cpu, sharding_types: [table_wise]}\n")
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--config", str(config), "--dataset", str(_dataset(tmp_path / "ds")),
+                 "--out", str(out), "--no-track"]) == 0
+    plan = ShardingPlan.load(out)
+    assert plan.world_size == 2
+    plan.validate({"C1": (100_000, 8), "C2": (500, 8), "C3": (20_000, 8)})
+    assert {ps.sharding_type for ps in plan.tables.values()} == {"table_wise"}
+    assert plan.metadata["batch_size_per_rank"] == 128  # the global batch over 2 ranks
+    # adagrad keeps one float per element: 100,000 x 8 weights + as much state, at least
+    assert plan.tables["C1"].storage_bytes >= 2 * 100_000 * 8 * 4
