@@ -419,7 +419,9 @@ def _stream_job(
     ).select(pl.col(ROW), *columns, *missing, bad, job.split_expr.alias(SPLIT))
     good = pl.col(BAD) == 0
     kept = frame.filter(good) if on_bad_rows == "skip" else frame
-    data = kept.select(names) if staged else encode(kept.select(*names, SPLIT), kinds, vocabs)
+    data = kept.select(*names, SPLIT)
+    if not staged:  # ids now; staged keys get theirs once the vocabularies are counted
+        data = encode(data, kinds, vocabs)
     # Splits this input may feed: a literal split expression feeds exactly one.
     possible = _possible_splits(job)
     sinks = []
@@ -427,8 +429,7 @@ def _stream_job(
         if target.split not in possible:
             continue
         target.path.parent.mkdir(parents=True, exist_ok=True)
-        part = data.filter(pl.col(SPLIT) == target.split).drop(SPLIT) if not staged else (
-            kept.filter(pl.col(SPLIT) == target.split).select(names))
+        part = data.filter(pl.col(SPLIT) == target.split).drop(SPLIT)
         sinks.append(part.sink_parquet(target.path, compression=COMPRESSION,
                                        row_group_size=row_group_size, lazy=True))
     job.targets = [t for t in job.targets if t.split in possible]
