@@ -1,0 +1,114 @@
+"""``ctrctl train`` end to end in a subprocess: checkpoints, metrics, MLflow read back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ctrctl.testing.datasets import SyntheticDataset, make_dataset
+from ctrctl.training import checkpoint as ckpt
+from ctrctl.training.predict import predict_split
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = [
+    "model.embedding_dim=8", "model.dense_arch=[16,8]", "model.over_arch=[16,1]",
+    "training.batch_size=64", "training.max_steps=12", "training.val_every=5",
+    "training.checkpoint_every=5", "training.log_every=2", "training.num_workers=1",
+    "training.device=cpu",
+]
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory: pytest.TempPathFactory) -> SyntheticDataset:
+    return make_dataset(tmp_path_factory.mktemp("ds") / "ds",
+                        {"train": 1200, "val": 300, "test": 200}, num_dense=3, num_sparse=4,
+                        num_embeddings=[40, 50, 60, 30], row_group_size=256, seed=5)
+
+
+def _ctrctl(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MLFLOW_TRACKING_URI="")
+    env.pop("MLFLOW_TRACKING_URI")
+    return subprocess.run([sys.executable, "-m", "ctrctl", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_train_command_writes_checkpoints_metrics_and_tracks(
+    ds: SyntheticDataset, tmp_path: Path
+) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "run"
+    proc = _ctrctl(["train", "--dataset", str(ds.path), "--out", str(out), "--config",
+                    str(ROOT / "pipelines" / "small.yaml"), *SMALL, "--tracking-uri", uri,
+                    "--experiment", "cli-test"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    steps = sorted(p.name for p in (out / "checkpoints").glob("step-*"))
+    assert steps == ["step-00000005", "step-00000010", "step-00000012"]
+    meta = ckpt.read_metadata(out)
+    assert meta.step == 12 and meta.world_size == 1
+    assert meta.config["training"]["max_steps"] == 12
+    assert sorted(meta.tables) == ["t_C1", "t_C2", "t_C3", "t_C4"]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["finished"] and metrics["step"] == 12
+    assert 0.0 < metrics["metrics"]["val.auc"] <= 1.0
+    assert [h["step"] for h in metrics["history"] if "val.auc" in h] == [5, 10, 12]
+    assert json.loads((out / "config.json").read_text())["model"]["embedding_dim"] == 8
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("cli-test")
+    assert experiment is not None
+    [run] = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "train"
+    assert run.data.params["training.batch_size"] == "64"
+    assert run.data.metrics["val.auc"] == pytest.approx(metrics["metrics"]["val.auc"])
+    loss_history = client.get_metric_history(run.info.run_id, "train.loss")
+    assert [m.step for m in loss_history] == [2, 4, 6, 8, 10, 12]
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.json", "metrics.json", "model"} <= artifacts
+    model_files = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+    assert "model/metadata.json" in model_files
+
+
+def test_train_command_resume_and_errors(
+    ds: SyntheticDataset, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ctrctl.cli.app import main
+
+    out = tmp_path / "run"
+    args = ["train", "--dataset", str(ds.path), "--out", str(out), *SMALL, "--no-track"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "already holds checkpoints" in err and "Traceback" not in err
+    assert main([*args, "training.max_steps=15", "--resume"]) == 0
+    assert ckpt.read_metadata(out).step == 15
+    capsys.readouterr()
+    assert main(["train", "--dataset", str(ds.path), "--out", str(tmp_path / "x"),
+                 "training.batch_sise=3", "--no-track"]) == 1
+    err = capsys.readouterr().err
+    assert "unknown key 'training.batch_sise'" in err and "Traceback" not in err
+
+
+@pytest.mark.distributed
+def test_train_two_processes_through_torchrun(ds: SyntheticDataset, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _ctrctl(["train", "--dataset", str(ds.path), "--out", str(out), *SMALL,
+                    "--nproc-per-node", "2", "--no-track"], cwd=tmp_path, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    meta = ckpt.read_metadata(out)
+    assert meta.world_size == 2 and meta.step == 12
+    assert meta.plan is not None
+    ranks = {p.rank for t in meta.tables for p in meta.pieces(t)}
+    assert ranks == {0, 1}, "both ranks saved their tables"
+    # the two-process checkpoint loads in one process and scores every val row
+    labels = np.concatenate([y for y, _ in predict_split(out, ds.path, "val")])
+    assert len(labels) == 300
