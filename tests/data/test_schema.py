@@ -28,7 +28,7 @@ def _schema(**overrides: object) -> dict:
     return data
 
 
-@pytest.mark.parametrize("name", ["criteo", "avazu"])
+@pytest.mark.parametrize("name", ["criteo", "avazu", "criteo_1tb"])
 def test_shipped_schemas_load(name: str) -> None:
     schema = load_schema(ROOT / "schemas" / f"{name}.yaml")
     assert schema.name == name
