@@ -19,6 +19,11 @@ it drops them and the binned values are reported (``auc_mode="binned"``).
 Across ranks (:meth:`MetricAccumulator.sync`) the sums and histograms are all-reduced, which
 is an exact merge; the held rows are all-gathered only when every rank still holds its own.
 
+Why not torchmetrics' binned AUROC: its state is a confusion matrix per threshold, updated by
+comparing every prediction with every threshold (work and memory O(batch x thresholds)), which
+rules out 2**20 thresholds; its exact mode holds every prediction. torchmetrics serves as a
+second reference in the tests instead.
+
 Example:
     >>> acc = MetricAccumulator()
     >>> for labels, scores in batches:          # any number of batches

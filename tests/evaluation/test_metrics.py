@@ -151,3 +151,17 @@ def test_property_auc_and_ap_match_sklearn(rows: list[tuple[int, float, float]])
     assert average_precision(labels, scores, weights) == pytest.approx(
         average_precision_score(labels, scores, sample_weight=weights), abs=TOL
     )
+
+
+def test_agrees_with_torchmetrics_as_a_second_reference() -> None:
+    import torch
+    from torchmetrics.classification import BinaryAUROC, BinaryAveragePrecision
+
+    labels, scores = _sample(20_000, seed=9, decimals=3)
+    preds, target = torch.from_numpy(scores), torch.from_numpy(labels.astype(np.int64))
+    assert roc_auc(labels, scores) == pytest.approx(
+        float(BinaryAUROC(thresholds=None)(preds, target)), abs=TOL
+    )
+    assert average_precision(labels, scores) == pytest.approx(
+        float(BinaryAveragePrecision(thresholds=None)(preds, target)), abs=TOL
+    )
