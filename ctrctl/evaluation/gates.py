@@ -130,6 +130,39 @@ def parse_gates(texts: Iterable[str], metrics: Iterable[str] = GATE_METRICS) -> 
     return tuple(parse_gate(text, known) for text in texts)
 
 
+#: For a bare number in a config (``gates: {auc: 0.70}``): which way is better.
+HIGHER_IS_BETTER = frozenset({"auc", "pr_auc", "auc_lift", "logloss_lift", "rows"})
+LOWER_IS_BETTER = frozenset({"logloss", "ne", "ece", "auc_bound"})
+
+
+def gates_from_mapping(gates: Mapping[str, float | str]) -> tuple[Gate, ...]:
+    """Gates from a pipeline config's ``metric: bound`` mapping.
+
+    A number means "at least" for metrics where higher is better (auc: 0.7 -> auc>=0.7) and
+    "at most" where lower is better (logloss: 0.5 -> logloss<=0.5); a string is the rest of a
+    gate (``calibration: "=1.0+-0.05"``, ``auc: ">0.7"``).
+
+    Raises:
+        ConfigError: for a bare number on a metric with no better direction (calibration).
+    """
+    parsed = []
+    for metric, bound in gates.items():
+        if isinstance(bound, str):
+            parsed.append(parse_gate(f"{metric}{bound.strip()}"))
+        elif metric in HIGHER_IS_BETTER:
+            parsed.append(parse_gate(f"{metric}>={bound!r}"))
+        elif metric in LOWER_IS_BETTER:
+            parsed.append(parse_gate(f"{metric}<={bound!r}"))
+        else:
+            parse_gate(f"{metric}>=0")  # an unknown name fails with the list of known ones
+            raise ConfigError(
+                f"gate {metric}: {bound!r} does not say which way it must hold",
+                where="eval.gates",
+                hint=f'write it as a string, e.g. {metric}: "=1.0+-0.05" or {metric}: ">=0.9"',
+            )
+    return tuple(parsed)
+
+
 def check_gates(gates: Iterable[Gate], metrics: Mapping[str, Any]) -> list[GateResult]:
     """Check each gate against ``metrics``; an undefined (None/NaN) metric fails its gate."""
     results = []

@@ -54,3 +54,15 @@ def test_check_reports_margins() -> None:
     assert "ece is undefined" in text
     assert info.value.exit_code == 2
     raise_for_failures(results[:1])  # all passed: no error
+
+
+def test_gates_from_a_pipeline_config_mapping() -> None:
+    from ctrctl.evaluation.gates import gates_from_mapping
+
+    assert gates_from_mapping({"auc": 0.7, "logloss": 0.5, "calibration": "=1+-0.05"}) == (
+        Gate("auc", ">=", 0.7), Gate("logloss", "<=", 0.5), Gate("calibration", "=", 1.0, 0.05)
+    )
+    with pytest.raises(ConfigError, match="which way"):
+        gates_from_mapping({"calibration": 1.0})
+    with pytest.raises(ConfigError, match="unknown metric"):
+        gates_from_mapping({"acu": 0.7})
