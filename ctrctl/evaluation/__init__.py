@@ -16,7 +16,13 @@ from ctrctl.evaluation.calibration import (
     reliability_table,
 )
 from ctrctl.evaluation.evaluate import EvalResult, evaluate
-from ctrctl.evaluation.gates import Gate, GateResult, check_gates, parse_gates
+from ctrctl.evaluation.gates import (
+    Gate,
+    GateResult,
+    check_gates,
+    gates_from_mapping,
+    parse_gates,
+)
 from ctrctl.evaluation.metrics import (
     MetricError,
     average_precision,
@@ -43,6 +49,7 @@ __all__ = [
     "check_gates",
     "evaluate",
     "expected_calibration_error",
+    "gates_from_mapping",
     "log_loss",
     "normalized_entropy",
     "parse_gates",
