@@ -66,6 +66,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         group: the process group (default: the world); every rank builds the same module.
         gradient_division: scale embedding gradients by 1/world size (see the module docstring).
         backend: the lookup kernels: ``auto``, ``fbgemm`` or ``torch``.
+        local_world_size: ranks per host (table_row_wise reduces within a host first);
+            default: the whole group is one host.
 
     Example:
         >>> sebc = ShardedEmbeddingBagCollection(tables, plan.tables,
@@ -81,6 +83,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         group: Any | None = None,
         gradient_division: bool = True,
         backend: str = "auto",
+        local_world_size: int | None = None,
     ) -> None:
         super().__init__()
         self.tables = list(tables)
@@ -96,9 +99,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self.groups = nn.ModuleDict()
         for kind, cls in SHARDING_CLASSES.items():
             chosen = [t for t in self.tables if plan[t.name].sharding_type == kind]
-            if chosen:
-                self.groups[kind] = cls(chosen, [plan[t.name] for t in chosen], optimizer,
-                                        group, grad_scale, backend)
+            if not chosen:
+                continue
+            extra = {"local_world_size": local_world_size} if cls is TwrwSharding else {}
+            self.groups[kind] = cls(chosen, [plan[t.name] for t in chosen], optimizer,
+                                    group, grad_scale, backend, **extra)
         unknown = {plan[t.name].sharding_type for t in self.tables} - set(SHARDING_CLASSES)
         if unknown:
             raise PlanError(f"unknown sharding type(s) {sorted(unknown)}",
@@ -214,15 +219,19 @@ class EmbeddingBagCollectionSharder:
 
     def shard(self, module: EmbeddingBagCollection,
               plan: ShardingPlan | Mapping[str, ParameterSharding],
-              group: Any | None = None) -> ShardedEmbeddingBagCollection:
+              group: Any | None = None,
+              local_world_size: int | None = None) -> ShardedEmbeddingBagCollection:
         """Shard ``module``'s tables per ``plan``, copying its weights and optimizer state.
 
         Args:
             module: the unsharded collection (every rank holds the same one).
             plan: a whole plan (validated against the module's tables here) or its entries.
             group: the process group.
+            local_world_size: ranks per host (default: the plan's, else one host).
         """
         tables = module.embedding_bag_configs()
+        if isinstance(plan, ShardingPlan) and local_world_size is None:
+            local_world_size = plan.local_world_size
         entries = plan.tables if isinstance(plan, ShardingPlan) else plan
         if isinstance(plan, ShardingPlan):
             plan.validate({t.name: (t.num_embeddings, t.embedding_dim) for t in tables},
@@ -231,7 +240,8 @@ class EmbeddingBagCollectionSharder:
         sharded = ShardedEmbeddingBagCollection(
             tables, {t.name: entries[t.name] for t in tables if t.name in entries},
             module.optimizer, group, self.gradient_division,
-            backend=backends.pop() if len(backends) == 1 else "auto")
+            backend=backends.pop() if len(backends) == 1 else "auto",
+            local_world_size=local_world_size)
         weights = module.embedding_bag_weights()
         sharded.load_table_weights(weights, module.optimizer_state())
         if ShardingType.DATA_PARALLEL.value in sharded.groups:

@@ -90,7 +90,7 @@ def shard(
     plan.validate({t.name: (t.num_embeddings, t.embedding_dim) for t in tables}, world)
     for name, ebc in found:
         entries = {t.name: plan.tables[t.name] for t in ebc.embedding_bag_configs()}
-        sharded = sharder.shard(ebc, entries, process_group)
+        sharded = sharder.shard(ebc, entries, process_group, plan.local_world_size)
         if not name:
             return sharded
         _replace(module, name, sharded)

@@ -190,7 +190,8 @@ def golden_cases(world_size: int) -> list[GoldenCase]:
     cases.append(GoldenCase("mixed3/plain-torch-kernel", mixed3, "exact_rowwise_adagrad",
                             backend="torch"))
     if world_size % 2 == 0 and world_size > 2:
-        two_hosts = {"t0": "table_row_wise", "t1": "table_column_wise", "t2": "table_row_wise",
+        # t0 (host 0) and t1 (host 1) row-wise within their host; t2, t3 column blocks
+        two_hosts = {"t0": "table_row_wise", "t1": "table_row_wise", "t2": "table_column_wise",
                      "t3": "table_column_wise"}
         cases.append(GoldenCase("two-hosts/table_row_wise+table_column_wise", two_hosts,
                                 "exact_adagrad", local_world_size=world_size // 2))
@@ -212,7 +213,7 @@ def run_golden_case(case: GoldenCase, rank: int, world_size: int, seed: int = 0)
 
     sebc = ShardedEmbeddingBagCollection(
         tables, plan.tables, EmbeddingOptimizerConfig(kind=case.optimizer, lr=LR),
-        backend=case.backend)
+        backend=case.backend, local_world_size=plan.local_world_size)
     sebc.load_table_weights(weights)
     for name, p in zip([t.name for t in sebc.groups["data_parallel"].tables],
                        sebc.data_parallel_parameters(), strict=True) \
