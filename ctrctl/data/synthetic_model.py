@@ -32,6 +32,8 @@ from ctrctl.data.synthetic_specs import (
 CHUNK_ROWS = 65_536
 #: Frequent ranks of each side of the pairwise interaction that get a pair effect.
 INTERACTION_HEAD = 100
+#: Marks a missing count inside the model (an Arrow null outside it).
+MISSING = np.iinfo(np.int64).min
 #: Avazu's ten days of hours, 2014-10-21 00h to 2014-10-30 23h.
 AVAZU_HOURS = 240
 
@@ -95,8 +97,23 @@ def hex_strings(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Strin
     words[:, 0] = table[values >> np.uint32(16)]
     words[:, 1] = table[values & np.uint32(0xFFFF)]
     offsets = np.arange(0, 8 * n + 1, 8, dtype=np.int32)
-    bitmap = None if valid is None else pa.array(valid, type=pa.bool_()).buffers()[1]
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(words), bitmap)
+    return pa.StringArray.from_buffers(
+        n, pa.py_buffer(offsets), pa.py_buffer(words), _bitmap(valid)
+    )
+
+
+def _bitmap(valid: np.ndarray | None) -> pa.Buffer | None:
+    """An Arrow validity bitmap (LSB first) from a boolean mask; None when all are valid."""
+    if valid is None or bool(valid.all()):
+        return None
+    return pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+
+def int_array(values: np.ndarray, missing: np.ndarray | None = None) -> pa.Array:
+    """An Arrow int64 array over ``values`` (no copy), null where ``missing``."""
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    valid = None if missing is None else ~missing
+    return pa.Array.from_buffers(pa.int64(), len(values), [_bitmap(valid), pa.py_buffer(values)])
 
 
 # ----------------------------------------------------------------------------- the model
@@ -190,7 +207,7 @@ class ClickModel:
 
         Returns:
             logits (n,), sparse name -> (ranks uint32, missing mask or None),
-            dense name -> int64 values with ``-2**63`` where missing.
+            dense name -> int64 values, :data:`MISSING` where missing.
         """
         spec = self.spec
         logits = np.zeros(n)
@@ -218,7 +235,7 @@ class ClickModel:
                     contribution[mask] = 0.0
                 logits += contribution
             if mask is not None:
-                values[mask] = np.iinfo(np.int64).min
+                values[mask] = MISSING
             dense[d.name] = values
         sparse: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
         placeholder = spec.name == "avazu"  # Avazu has no empty fields: rank 0 stands in
@@ -273,11 +290,11 @@ class ClickModel:
         else:
             columns["label"] = pa.array(label)
             for name, values in dense.items():
-                columns[name] = pa.array(values, mask=values == np.iinfo(np.int64).min)
+                columns[name] = int_array(values, values == MISSING)
         for f in self.features:
             ranks, mask = sparse[f.spec.name]
             if f.int_values is not None:
-                columns[f.spec.name] = pa.array(f.int_values[ranks], mask=mask)
+                columns[f.spec.name] = int_array(f.int_values[ranks], mask)
             else:
                 columns[f.spec.name] = hex_strings(
                     _mix32(ranks ^ f.salt), None if mask is None else ~mask
