@@ -147,6 +147,8 @@ class _Trainer:
         self.model = model_io.build_model(config, self.manifest, self.device)
         if self.world_size > 1:
             self.model = model_io.wrap_model(self.model, plan, None)
+            # Without a plan the wrapper picks its default one: record what is in use.
+            self.plan = getattr(self.model, "plan", plan)
         self.optimizer = dense_optimizer(model_io.dense_parameters(self.model),
                                          config.dense_optimizer)
         self.loss_fn = nn.BCEWithLogitsLoss()
