@@ -65,7 +65,7 @@ def measure_step_body(rank: int, world_size: int, tables: list[dict[str, Any]],
             if p.grad is not None:
                 dist.all_reduce(p.grad)
                 with torch.no_grad():
-                    p -= 0.01 * p.grad
+                    p.sub_(0.01 * p.grad)
                 p.grad = None
         elapsed = torch.tensor([time.perf_counter() - start])
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)

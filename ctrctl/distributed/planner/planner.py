@@ -274,27 +274,35 @@ def no_fit_error(tables: list[TableSpec], options: list[list[ShardingOption]],
         for o in t_opts:
             o.ensure_priced()
     state = failure.state
-    tier = "ddr" if topology.device == "cpu" else "hbm"
-    used = state.ddr if tier == "ddr" else state.hbm
-    cap = state.ddr_cap if tier == "ddr" else state.hbm_cap
-    free = float((cap - used).max())
-    per_shard = [float(getattr(o, tier).max()) for o in opts]
-    smallest = int(np.argmin(per_shard))
-    need = per_shard[smallest]
+    free_tier = {"hbm": float((state.hbm_cap - state.hbm).max()),
+                 "ddr": float((state.ddr_cap - state.ddr).max())}
+
+    def shortfall(o: ShardingOption) -> tuple[float, str]:
+        """How far the option's largest shard is from fitting the freest rank, and where."""
+        gaps = {t: float(getattr(o, t).max()) - free_tier[t] for t in ("hbm", "ddr")}
+        tier = max(gaps, key=lambda t: gaps[t])
+        return gaps[tier], tier
+
+    smallest = min(range(len(opts)), key=lambda i: shortfall(opts[i])[0])
+    gap, tier = shortfall(opts[smallest])
+    need = float(getattr(opts[smallest], tier).max())
+    free = free_tier[tier]
     world = topology.world_size
     capacity = topology.ddr_available if tier == "ddr" else topology.hbm_available
-    total_need = sum(min(float(getattr(o, tier).sum()) for o in t_opts) for t_opts in options)
+    # Across tiers: a table can move between device and host memory with the kernel.
+    total_need = sum(min(o.storage_bytes for o in t_opts) for t_opts in options)
+    per_rank = topology.hbm_available + topology.ddr_available
     hints = []
-    if need > free:
-        hints.append(f"{_gib(need - free)} more {tier} on a rank would hold it")
-    if total_need > capacity * world:
-        more = math.ceil(total_need / max(capacity, 1.0))
+    if gap > 0:
+        hints.append(f"{_gib(gap)} more {tier} on a rank would hold it")
+    if total_need > per_rank * world:
+        more = math.ceil(total_need / max(per_rank, 1.0))
         local = topology.local_world_size
         more = math.ceil(more / local) * local if more > local else more
-        hints.append(f"all tables need at least {_gib(total_need)} of {tier} but {world} ranks "
-                     f"have {_gib(capacity * world)}: use at least {more} ranks "
+        hints.append(f"all tables need at least {_gib(total_need)} but {world} ranks have "
+                     f"{_gib(per_rank * world)}: use at least {more} ranks "
                      f"(--world-size auto finds the smallest that fits) or "
-                     f"{_gib(total_need / world - capacity)} more per rank")
+                     f"{_gib(total_need / world - per_rank)} more memory per rank")
     else:
         hints.append(f"{world * 2} ranks would give twice the room")
     if topology.device == "cuda":
@@ -306,12 +314,13 @@ def no_fit_error(tables: list[TableSpec], options: list[list[ShardingOption]],
             option = min(caching, key=lambda o: float(o.hbm.max()))
             weights = float(option.ddr.max())
             io = float(option.hbm.max()) - (option.cache_load_factor or 0) * weights
-            if weights > 0 and free > io:
-                hints.append(f"a cache_load_factor of at most {(free - io) / weights:.3f} "
+            free_hbm = free_tier["hbm"]
+            if tier == "hbm" and weights > 0 and free_hbm > io:
+                hints.append(f"a cache_load_factor of at most {(free_hbm - io) / weights:.3f} "
                              f"for {table.name!r}")
     size = table.weight_bytes + table.state_bytes(table.num_embeddings, table.embedding_dim)
     message = (f"no plan fits: table {table.name!r} ({table.num_embeddings:,} x "
                f"{table.embedding_dim}, {_gib(size)} with optimizer state) does not fit; its "
-               f"smallest shard ({opts[smallest].label}) needs {_gib(need)} of {tier}, the "
+               f"closest option ({opts[smallest].label}) needs {_gib(need)} of {tier}, the "
                f"most free rank has {_gib(free)} of {_gib(capacity)} left")
     return PlanError(message, where=f"world size {world}", hint="; ".join(hints))

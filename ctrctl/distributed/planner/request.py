@@ -134,9 +134,10 @@ def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool
     if request.topology is not None:
         topology = Topology.load(request.topology, start_world,
                                  local or min(start_world, 8))
-        memory = {k: v * GIB for k, v in (("hbm_bytes", request.hbm_gb),
-                                           ("ddr_bytes", request.ddr_gb)) if v is not None}
-        topology = dataclasses.replace(topology, **memory)
+        if request.hbm_gb is not None:
+            topology = dataclasses.replace(topology, hbm_bytes=request.hbm_gb * GIB)
+        if request.ddr_gb is not None:
+            topology = dataclasses.replace(topology, ddr_bytes=request.ddr_gb * GIB)
     else:
         preset = {"cuda": "torchrec"}.get(device, device)
         topology = Topology.preset(

@@ -10,9 +10,12 @@ from ctrctl.distributed.planner import EmbeddingShardingPlanner, TableSpec, Topo
 from ctrctl.distributed.planner.calibration import calibrate, measure_kernels
 
 
-def test_kernel_measurement_is_positive_and_reproduces_its_time() -> None:
-    fwd, bwd = measure_kernels(dims=(32,), rows=20_000, batch=512, pooling=2, repeats=2)
-    assert fwd["32"] > 1e6 and bwd["32"] > 1e6  # bytes/s: at least a MB/s
+def test_kernel_measurement_is_positive_and_finite() -> None:
+    fwd, bwd = measure_kernels(dims=(32, 64), rows=20_000, batch=512, pooling=2, repeats=2)
+    assert set(fwd) == set(bwd) == {"32", "64"}
+    # bytes/s of a memory-bound kernel: above 100 kB/s even on a crowded machine, and below
+    # 10 TB/s (which would mean a timing of nothing)
+    assert all(1e5 < v < 1e13 for v in [*fwd.values(), *bwd.values()])
 
 
 @pytest.mark.slow
