@@ -41,7 +41,8 @@ class MLP(nn.Module):
         for i, (n_in, n_out) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
             layers.append(nn.Linear(n_in, n_out))
             if final_activation or i < len(layer_sizes) - 1:
-                layers.append(nn.ReLU())
+                # In place: the Linear output is not needed by its backward, only the ReLU output.
+                layers.append(nn.ReLU(inplace=True))
         self.layers = nn.Sequential(*layers)
         self.out_features = widths[-1]
 

@@ -606,28 +606,6 @@ class KeyedJaggedTensor:
 
     # ---- validation ---------------------------------------------------------------------
 
-    def _locate(self, value_position: int) -> tuple[str, int]:
-        """(key, sample) of the bag holding flat value ``value_position``."""
-        offsets = self.offsets()
-        bag = (
-            int(
-                torch.searchsorted(
-                    offsets,
-                    torch.tensor([value_position], dtype=offsets.dtype, device=offsets.device),
-                    right=True,
-                )[0]
-            )
-            - 1
-        )
-        return self._locate_bag(bag)
-
-    def _locate_bag(self, bag: int) -> tuple[str, int]:
-        bag_offsets = self._bag_offset_per_key()
-        for k, key in enumerate(self._keys):
-            if bag < bag_offsets[k + 1]:
-                return key, bag - bag_offsets[k]
-        return "?", bag
-
     def validate(self, num_embeddings: Mapping[str, int] | None = None) -> None:
         """Check every length, offset and id; raise SparseInputError naming key and position.
 
@@ -639,71 +617,12 @@ class KeyedJaggedTensor:
         Example:
             >>> kjt.validate({"C1": 100_000, "C2": 39_060})
         """
-        where = "KeyedJaggedTensor"
-        if self._offsets is not None:
-            offsets = self._offsets
-            if int(offsets[0]) != 0:
-                raise SparseInputError(
-                    f"offsets start at {int(offsets[0])}, not 0",
-                    where=where,
-                    hint="offsets[0] must be 0",
-                )
-            steps = offsets[1:] - offsets[:-1]
-            if steps.numel() and bool((steps < 0).any()):
-                bag = int(torch.nonzero(steps < 0)[0])
-                key, sample = self._locate_bag(bag)
-                raise SparseInputError(
-                    f"key {key!r}, sample {sample}: offsets decrease from {int(offsets[bag])} "
-                    f"to {int(offsets[bag + 1])} at position {bag + 1}",
-                    where=where,
-                    hint="offsets must be non-decreasing",
-                )
-            if self._lengths is not None and not torch.equal(steps, self._lengths.to(steps.dtype)):
-                bag = int(torch.nonzero(steps != self._lengths.to(steps.dtype))[0])
-                key, sample = self._locate_bag(bag)
-                raise SparseInputError(
-                    f"key {key!r}, sample {sample}: lengths and offsets disagree", where=where
-                )
-        lengths = self.lengths()
-        if lengths.numel() and bool((lengths < 0).any()):
-            bag = int(torch.nonzero(lengths < 0)[0])
-            key, sample = self._locate_bag(bag)
-            raise SparseInputError(
-                f"key {key!r}, sample {sample}: negative length {int(lengths[bag])}",
-                where=where,
-                hint="lengths count the ids in each bag and cannot be negative",
-            )
-        total = int(lengths.sum()) if lengths.numel() else 0
-        if total != self._values.numel():
-            raise SparseInputError(
-                f"lengths add up to {total} values but values has {self._values.numel()}",
-                where=where,
-                hint="each id belongs to exactly one (key, sample) bag; check the lengths",
-            )
+        from ctrctl.sparse.validation import validate_keyed_jagged
+
+        validate_keyed_jagged(self, num_embeddings)
+        # The cached per-key counts may predate the checks: recompute them from checked data.
         self._length_per_key = None
         self._offset_per_key = None
-        opk = self.offset_per_key()
-        for k, key in enumerate(self._keys):
-            ids = self._values[opk[k] : opk[k + 1]]
-            if ids.numel() == 0:
-                continue
-            limit = num_embeddings.get(key) if num_embeddings is not None else None
-            bad = ids < 0
-            if limit is not None:
-                bad = bad | (ids >= limit)
-            if bool(bad.any()):
-                position = int(torch.nonzero(bad)[0])
-                value_position = opk[k] + position
-                _, sample = self._locate(value_position)
-                bad_id = int(ids[position])
-                valid = f"[0, {limit})" if limit is not None else "[0, inf)"
-                raise SparseInputError(
-                    f"key {key!r}, sample {sample}, value {value_position}: id {bad_id} is "
-                    f"outside {valid}",
-                    where=where,
-                    hint="ids index a table's rows: hash or map them into the table's range "
-                    "at preprocessing",
-                )
 
     def __repr__(self) -> str:
         return (
