@@ -99,6 +99,7 @@ def test_train_command_resume_and_errors(
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_train_two_processes_through_torchrun(ds: SyntheticDataset, tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = _ctrctl(["train", "--dataset", str(ds.path), "--out", str(out), *SMALL,
