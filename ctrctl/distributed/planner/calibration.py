@@ -255,13 +255,15 @@ def calibrate(path: str | Path | None = None, overwrite: bool = False,
         overheads = {}
     seconds = time.perf_counter() - start
     topology = Topology.preset(
-        "cpu", world_size=2, local_world_size=2, ddr_bytes=_memory_total(), ddr_bw=memory_bw,
+        "cpu", world_size=2, local_world_size=2, ddr_bytes=_memory_total() / 2,
+        ddr_bw=memory_bw,
         intra_host_bw=collective_bw["all_to_all"], kernel_fwd_bw=fwd_bw,
         kernel_bwd_bw=bwd_bw, collective_bw=collective_bw, collective_latency_s=latency,
         sharding_overhead_s=overheads,
         calibrated={"host": os.uname().nodename, "seconds": seconds,
                     "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "threads_per_rank": 1, "torch": torch.__version__,
+                    "host_memory_bytes": _memory_total(),
                     "kernel": _kernel_name()})
     if path is not None:
         topology.save(path)

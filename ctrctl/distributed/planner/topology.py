@@ -135,7 +135,11 @@ class Topology:
         local = local_world_size or min(self.local_world_size, world_size)
         if world_size % local:
             local = world_size
-        return dataclasses.replace(self, world_size=world_size, local_world_size=local)
+        changes: dict[str, Any] = {"world_size": world_size, "local_world_size": local}
+        host_memory = self.calibrated.get("host_memory_bytes")
+        if host_memory:  # a measured host: its memory is shared by the ranks on it
+            changes["ddr_bytes"] = float(host_memory) / local
+        return dataclasses.replace(self, **changes)
 
     # ---- construction ----------------------------------------------------------------
     @classmethod
