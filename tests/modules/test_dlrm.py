@@ -128,6 +128,15 @@ def test_tiny_model_overfits_a_tiny_batch(interaction: str) -> None:
     assert torch.equal(predictions, labels)
 
 
+def test_dense_autocast_flag_is_inert_on_cpu() -> None:
+    plain, flagged = tiny_model(), tiny_model()
+    flagged.dense_autocast = True
+    flagged.load_state_dict(plain.state_dict())
+    dense, kjt, _ = tiny_batch(batch=4)
+    with torch.no_grad():
+        torch.testing.assert_close(flagged(dense, kjt), plain(dense, kjt))
+
+
 def test_config_errors() -> None:
     tables = [EmbeddingBagConfig("t", 10, 4, ["f"])]
     ebc = EmbeddingBagCollection(tables)
