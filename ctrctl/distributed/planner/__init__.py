@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+from ctrctl.distributed.planner.calibration import calibrate
 from ctrctl.distributed.planner.capacity import (
     SweepPoint,
     smallest_world_size,
@@ -26,6 +27,7 @@ from ctrctl.distributed.planner.planner import (
     plan_tables,
     rate_plan,
 )
+from ctrctl.distributed.planner.request import PlanOutcome, PlanRequest, run_plan
 from ctrctl.distributed.planner.stats import plan_summary, rank_rows, table_rows
 from ctrctl.distributed.planner.tables import (
     tables_from_dict,
@@ -37,16 +39,20 @@ from ctrctl.distributed.planner.types import ShardingOption, TableConstraints, T
 
 __all__ = [
     "EmbeddingShardingPlanner",
+    "PlanOutcome",
+    "PlanRequest",
     "PlanResult",
     "ShardingOption",
     "SweepPoint",
     "TableConstraints",
     "TableSpec",
     "Topology",
+    "calibrate",
     "plan_summary",
     "plan_tables",
     "rank_rows",
     "rate_plan",
+    "run_plan",
     "smallest_world_size",
     "sweep_world_sizes",
     "table_rows",
