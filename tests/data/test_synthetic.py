@@ -260,12 +260,16 @@ def test_hex_strings_and_roc_auc_against_references() -> None:
 # ----------------------------------------------------------------------------- avazu
 
 
-def test_avazu_has_the_real_columns_and_shapes(tmp_path: Path, avazu_9k: Path) -> None:
+def test_avazu_columns_are_the_real_ones(avazu_9k: Path) -> None:
+    real = pl.read_csv(avazu_9k / "train.csv", infer_schema=False, n_rows=10)
+    assert real.columns == list(AVAZU_COLUMNS)
+
+
+def test_avazu_has_the_real_shapes(tmp_path: Path) -> None:
     out = tmp_path / "avazu"
     result = synthesize(out, rows=20_000, format="avazu", seed=1)
     train = pl.read_csv(out / "train.csv", infer_schema=False)
-    real = pl.read_csv(avazu_9k / "train.csv", infer_schema=False)
-    assert train.columns == real.columns == list(AVAZU_COLUMNS)
+    assert train.columns == list(AVAZU_COLUMNS)
     assert train.null_count().sum_horizontal().item() == 0  # Avazu has no empty fields
     for name in ("site_id", "app_id", "device_id", "device_ip", "device_model"):
         assert train[name].str.contains(r"^[0-9a-f]{8}$").all(), name
