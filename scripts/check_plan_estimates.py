@@ -13,17 +13,25 @@ the plans should agree, and each estimate should be within 30% of its measuremen
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from ctrctl.distributed.planner import EmbeddingShardingPlanner, TableSpec, Topology, rate_plan
+from ctrctl.distributed.planner import (
+    EmbeddingShardingPlanner,
+    TableConstraints,
+    TableSpec,
+    Topology,
+    rate_plan,
+)
 from ctrctl.distributed.planner.measure import measure_step_body, table_payload
 from ctrctl.distributed.types import ShardingPlan
 
-PLAN_TYPES = ("planner", "table_wise", "row_wise", "column_wise", "table_column_wise",
-              "data_parallel")
+#: The planner's plan, one plan per forced type, and every table on rank 0 ("lopsided").
+PLAN_TYPES = ("planner", "table_wise", "lopsided", "row_wise", "column_wise",
+              "table_column_wise", "data_parallel")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,8 +62,15 @@ def make_plans(tables: list[TableSpec], topology: Topology, batch: int
                ) -> dict[str, ShardingPlan]:
     plans = {}
     for kind in PLAN_TYPES:
-        forced = None if kind == "planner" else (kind,)
-        plans[kind] = EmbeddingShardingPlanner(topology, batch, forced).plan(tables).plan
+        chosen = tables
+        forced: tuple[str, ...] | None = (kind,)
+        if kind == "planner":
+            forced = None
+        elif kind == "lopsided":
+            forced = ("table_wise",)
+            chosen = [dataclasses.replace(t, constraints=TableConstraints(ranks=(0,)))
+                      for t in tables]
+        plans[kind] = EmbeddingShardingPlanner(topology, batch, forced).plan(chosen).plan
     return plans
 
 

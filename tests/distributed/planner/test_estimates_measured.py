@@ -29,6 +29,6 @@ def test_estimates_rank_and_match_measurements() -> None:
     check = _script().check
     result = check(calibrate(None, quick=True), quick=True)
     rows = {r["plan"]: r for r in result["rows"]}
-    assert len(rows) == 6
+    assert len(rows) == 7
     assert result["spearman"] >= 0.8, rows
     assert result["max_abs_error"] <= 0.30, rows
