@@ -64,12 +64,12 @@ class ModelConfig(_Section):
         dcn_rank: low-rank width of each cross layer's weight (0: full rank).
     """
 
-    embedding_dim: int = Field(16, gt=0)
+    embedding_dim: int = Field(default=16, gt=0)
     dense_arch: tuple[int, ...] = (64, 16)
     over_arch: tuple[int, ...] = (64, 1)
     interaction: Literal["dot", "dcn"] = "dot"
-    dcn_layers: int = Field(2, ge=1)
-    dcn_rank: int = Field(16, ge=0)
+    dcn_layers: int = Field(default=2, ge=1)
+    dcn_rank: int = Field(default=16, ge=0)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -98,9 +98,9 @@ class EmbeddingOptimizerConfig(_Section):
     """
 
     kind: Literal["rowwise_adagrad", "adagrad", "sgd"] = "rowwise_adagrad"
-    lr: float = Field(0.05, gt=0)
-    eps: float = Field(1e-8, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
+    lr: float = Field(default=0.05, gt=0)
+    eps: float = Field(default=1e-8, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
 
 
 class DenseOptimizerConfig(_Section):
@@ -115,10 +115,10 @@ class DenseOptimizerConfig(_Section):
     """
 
     kind: Literal["adagrad", "adam", "sgd"] = "adagrad"
-    lr: float = Field(0.01, gt=0)
-    eps: float = Field(1e-8, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    momentum: float = Field(0.0, ge=0)
+    lr: float = Field(default=0.01, gt=0)
+    eps: float = Field(default=1e-8, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    momentum: float = Field(default=0.0, ge=0)
 
 
 # ---- training ----------------------------------------------------------------------------
@@ -143,20 +143,20 @@ class TrainingConfig(_Section):
         val_max_rows: cap on validation rows (None: the whole split).
     """
 
-    batch_size: int = Field(4096, gt=0)
-    epochs: int = Field(1, ge=1)
-    max_steps: int | None = Field(None, ge=1)
-    val_every: int = Field(0, ge=0)
-    checkpoint_every: int = Field(0, ge=0)
-    log_every: int = Field(50, ge=1)
+    batch_size: int = Field(default=4096, gt=0)
+    epochs: int = Field(default=1, ge=1)
+    max_steps: int | None = Field(default=None, ge=1)
+    val_every: int = Field(default=0, ge=0)
+    checkpoint_every: int = Field(default=0, ge=0)
+    log_every: int = Field(default=50, ge=1)
     seed: int = 0
-    num_workers: int = Field(2, ge=0)
-    shuffle_buffer: int = Field(262_144, ge=1)
+    num_workers: int = Field(default=2, ge=0)
+    shuffle_buffer: int = Field(default=262_144, ge=1)
     drop_last: bool = False
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bf16: bool = False
     val_split: str = "val"
-    val_max_rows: int | None = Field(None, ge=1)
+    val_max_rows: int | None = Field(default=None, ge=1)
 
 
 # ---- sections of the other steps -----------------------------------------------------------
@@ -184,8 +184,8 @@ class PlanConfig(_Section):
         sharding_types: allowed sharding types (empty: all).
     """
 
-    world_size: int = Field(1, ge=1)
-    local_world_size: int | None = Field(None, ge=1)
+    world_size: int = Field(default=1, ge=1)
+    local_world_size: int | None = Field(default=None, ge=1)
     device: Literal["cpu", "cuda"] = "cpu"
     sharding_types: tuple[str, ...] = ()
 
@@ -200,7 +200,7 @@ class EvalConfig(_Section):
     """
 
     splits: tuple[str, ...] = ("test",)
-    batch_size: int = Field(8192, gt=0)
+    batch_size: int = Field(default=8192, gt=0)
     gates: dict[str, float] = dict()
 
 

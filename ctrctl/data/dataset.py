@@ -162,6 +162,8 @@ class BatchLoader:
         num_workers: threads decoding windows (0: decode in the calling thread).
         prefetch: ready batches kept ahead of the consumer.
         max_rows: use at most this many rows of the split (the first ones in file order).
+        pin_memory: put batches in page-locked memory (in the producer thread), for
+            asynchronous copies to a GPU.
 
     Raises:
         DatasetError: a missing split, file or column, or a column of the wrong type.
@@ -185,6 +187,7 @@ class BatchLoader:
         prefetch: int = 4,
         max_rows: int | None = None,
         manifest: DatasetManifest | None = None,
+        pin_memory: bool = False,
     ) -> None:
         self.path = Path(dataset)
         self.manifest = manifest or DatasetManifest.load(self.path)
@@ -203,6 +206,7 @@ class BatchLoader:
         self.shuffle, self.seed, self.shuffle_buffer = shuffle, seed, max(1, shuffle_buffer)
         self.drop_last, self.cover_all = drop_last, cover_all
         self.num_workers, self.prefetch = num_workers, max(1, prefetch)
+        self.pin_memory = pin_memory and torch.cuda.is_available()
 
         self.keys = self.manifest.sparse_names
         self._multi_hot = {f.name for f in self.manifest.sparse if f.multi_hot}
@@ -388,8 +392,9 @@ class BatchLoader:
             lengths = torch.from_numpy(np.concatenate(length_parts) if length_parts
                                        else np.empty(0, np.int32))
         sparse = KeyedJaggedTensor(self.keys, values, lengths=lengths, stride=b)
-        return Batch(dense=torch.from_numpy(block.dense), sparse=sparse,
-                     labels=torch.from_numpy(block.labels))
+        batch = Batch(dense=torch.from_numpy(block.dense), sparse=sparse,
+                      labels=torch.from_numpy(block.labels))
+        return batch.pin_memory() if self.pin_memory else batch
 
     def _blocks(self, epoch: int, start_row: int) -> Iterator[_Block]:
         """The epoch's rows from ``start_row`` on, as window blocks, read ahead in threads."""

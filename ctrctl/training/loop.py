@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,7 +155,8 @@ class _Trainer:
         self.loader = BatchLoader(
             dataset, "train", self.t.batch_size, rank=self.rank, world_size=self.world_size,
             shuffle=True, seed=self.t.seed, shuffle_buffer=self.t.shuffle_buffer,
-            drop_last=self.t.drop_last, num_workers=workers, manifest=self.manifest)
+            drop_last=self.t.drop_last, num_workers=workers, manifest=self.manifest,
+            pin_memory=self.device.type == "cuda")
         if self.loader.num_batches == 0:
             raise ConfigError(
                 f"the training split has {self.loader.rows} rows per rank, fewer than one "
@@ -320,7 +320,6 @@ def train(
     tracker: Tracker | None = None,
     progress: Progress | None = None,
     stop_after: int | None = None,
-    on_step: Callable[[int], None] | None = None,
 ) -> TrainResult:
     """Train a DLRM on a dataset's train split, validating and checkpointing along the way.
 
@@ -335,7 +334,6 @@ def train(
         progress: a progress reporter (samples).
         stop_after: stop after this many steps of this call, checkpointing there (to test
             resume; the run then continues with ``resume=True``).
-        on_step: unused hook kept for callers that observe steps.
 
     Returns:
         A :class:`TrainResult`.
@@ -347,11 +345,11 @@ def train(
     Example:
         >>> train("data/criteo", "runs/a", load_config("pipelines/small.yaml"))
     """
-    del on_step
     dataset, out = Path(dataset), Path(out)
-    tracker = tracker or Tracker()
-    progress = progress or Progress()
     rank, world_size = _world()
+    # Only rank 0 tracks and reports progress, whatever the caller passed to the others.
+    tracker = tracker if tracker is not None and rank == 0 else Tracker()
+    progress = progress if progress is not None and rank == 0 else Progress()
     existing = ckpt.latest_checkpoint(out / "checkpoints") if (out / "checkpoints").is_dir() \
         else None
     if existing is not None and not resume and not overwrite:
