@@ -33,6 +33,7 @@ from ctrctl.distributed.planner.suites import (
 )
 from ctrctl.distributed.planner.types import TableSpec
 from ctrctl.distributed.types import ParameterSharding, ShardingPlan, ShardMetadata
+from ctrctl.errors import PlanError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -148,8 +149,9 @@ def torchrec_plan(tables: list[TableSpec], topology: Topology, batch: int, timeo
     for name, entry in value.items():
         t = by_name[name]
         if entry["shards"]:
+            # TorchRec lists empty row blocks (tables with fewer rows than ranks): drop them.
             shards = tuple(ShardMetadata(rank=r, row_offset=ro, col_offset=co, rows=nr, cols=nc)
-                           for r, ro, co, nr, nc in entry["shards"])
+                           for r, ro, co, nr, nc in entry["shards"] if nr > 0 and nc > 0)
         else:  # data_parallel: a replica on every rank
             shards = tuple(ShardMetadata(rank=r, row_offset=0, col_offset=0,
                                          rows=t.num_embeddings, cols=t.embedding_dim)
@@ -188,15 +190,18 @@ def main(argv: list[str] | None = None) -> int:
             "ctrctl_imbalance": result.imbalance,
             "torchrec_ms": None, "ratio": None, "torchrec_plan_s": None, "note": "",
         }
-        skip_reference = world >= 1024 and not args.quick and False
-        if have_torchrec and not skip_reference:
+        if have_torchrec:
             plan, tr_seconds, note = torchrec_plan(tables, topo, args.batch_size, timeout)
             row["torchrec_plan_s"] = tr_seconds
             row["note"] = note
             if plan is not None:
-                rated = rate_plan(plan, tables, topo, args.batch_size)
-                row["torchrec_ms"] = rated.step_time * 1e3
-                row["ratio"] = result.step_time / rated.step_time
+                try:
+                    rated = rate_plan(plan, tables, topo, args.batch_size)
+                except PlanError as exc:  # a plan our format cannot express: say so
+                    row["note"] = f"not comparable: {exc.message[:80]}"
+                else:
+                    row["torchrec_ms"] = rated.step_time * 1e3
+                    row["ratio"] = result.step_time / rated.step_time
         rows.append(row)
         print(_format_row(row), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
