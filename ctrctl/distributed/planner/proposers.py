@@ -166,7 +166,8 @@ class FastestOptionProposer(Proposer):
 
 
 def improve(placements: list[Placement], options: list[list[ShardingOption]],
-            topology: Topology, max_rounds: int | None = None) -> list[Placement]:
+            topology: Topology, max_rounds: int | None = None,
+            max_evaluations: int = 20_000) -> list[Placement]:
     """Local search on the slowest rank (see the module docstring); returns new placements.
 
     Args:
@@ -174,12 +175,16 @@ def improve(placements: list[Placement], options: list[list[ShardingOption]],
         options: every table's options (same order).
         topology: the ranks.
         max_rounds: cap on improving steps (default: 4 per table, at least 200).
+        max_evaluations: cap on placements tried in all.
     """
     placements = list(placements)
     state = RankState(topology)
     for placement in placements:
         state.add(placement)
     rounds = max_rounds if max_rounds is not None else max(200, 4 * len(placements))
+    # A deterministic cap on work (placements tried), so a plan of thousands of tables on
+    # thousands of ranks stays within seconds however many moves keep paying off.
+    budget = max_evaluations
     # Which tables touch which rank: tables with a few shards by rank, spread ones apart.
     by_rank: dict[int, set[int]] = {}
     spread: set[int] = set()
@@ -219,6 +224,7 @@ def improve(placements: list[Placement], options: list[list[ShardingOption]],
             others = {t for t, n in type_counts.items() if n > 0}
             best: tuple[tuple[float, float], Placement] | None = None
             for option in options[i]:
+                budget -= 1
                 found = best_placement(state, option)
                 if found is None:
                     continue
@@ -250,6 +256,9 @@ def improve(placements: list[Placement], options: list[list[ShardingOption]],
             type_counts[best[1].option.sharding_type] += 1
             index_add(i)
             changed = True
+            break
+        if budget <= 0:
+            logger.debug("local search stopped at its evaluation budget")
             break
         if not changed:
             changed = _swap(state, placements, by_rank, slowest, limit, index_add,
