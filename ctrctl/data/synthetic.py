@@ -118,6 +118,14 @@ def generate_criteo(
     """``rows`` Criteo rows in memory: the rows ``synthesize`` writes, over all splits in
     order, for the same ``rows``, seed and cardinalities.
 
+    Args:
+        rows: number of rows.
+        seed: the click model's and the rows' seed.
+        cardinalities: sparse feature -> distinct values, replacing the defaults.
+
+    Returns:
+        A :class:`SynthBatch`: the 40 columns as a pyarrow table and the true probabilities.
+
     Example:
         >>> batch = generate_criteo(1000, seed=1)
         >>> batch.table.column_names[:3], batch.prob.dtype
@@ -129,7 +137,13 @@ def generate_criteo(
 def generate_avazu(
     rows: int, seed: int = 0, cardinalities: Mapping[str, int] | None = None
 ) -> SynthBatch:
-    """``rows`` Avazu rows in memory (columns as Avazu's ``train.csv``)."""
+    """``rows`` Avazu rows in memory (columns as Avazu's ``train.csv``); see
+    :func:`generate_criteo` for the arguments.
+
+    Example:
+        >>> generate_avazu(10, seed=0).table.column_names[:3]
+        ['id', 'click', 'hour']
+    """
     return _generate("avazu", rows, seed, cardinalities)
 
 
