@@ -65,13 +65,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per implementation")
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--round", type=int, default=5, help="steps per turn")
+    parser.add_argument("--round", type=int, default=2, help="steps per turn")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--only", default="", help="comma-separated implementations")
     parser.add_argument("--out", type=Path, default=Path("bench-out/train.json"))
     args = parser.parse_args(argv)
     if args.quick:
-        args.rows, args.steps, args.warmup, args.round = 10_000, 6, 2, 3
+        args.rows, args.steps, args.warmup, args.round = 10_000, 6, 2, 2
     return args
 
 

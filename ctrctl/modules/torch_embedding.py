@@ -166,6 +166,7 @@ class TorchTableBatchedEmbeddingBags(nn.Module):
             self.groups[self._group_of_table[t]].table_row_offset[t] for t in self.feature_table_map
         ]
         self._needs_shift = any(self._feature_shift)
+        self._shift_cache: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._single_group = len(self.groups) == 1
         # An empty tensor that requires grad, so backward runs for a weight that has no grad.
         self._trigger = torch.zeros(0, requires_grad=True)
@@ -194,11 +195,13 @@ class TorchTableBatchedEmbeddingBags(nn.Module):
     ) -> torch.Tensor:
         if self._needs_shift:
             counts = feature_offsets[1:] - feature_offsets[:-1]  # values per feature
-            shift = torch.tensor(
-                [self._feature_shift[f] for f in features],
-                dtype=indices.dtype,
-                device=indices.device,
-            )
+            cache_key = (group_index, indices.device)
+            shift = self._shift_cache.get(cache_key)
+            if shift is None:  # built once per group and device, not per batch
+                shift = torch.tensor(
+                    [self._feature_shift[f] for f in features], device=indices.device
+                )
+                self._shift_cache[cache_key] = shift
             indices = indices + torch.repeat_interleave(shift, counts, output_size=indices.numel())
         trigger = self._trigger if torch.is_grad_enabled() else self._trigger.detach()
         return _PooledLookup.apply(trigger, self, group_index, indices, offsets, per_sample_weights)
