@@ -88,6 +88,32 @@ class PlanOutcome:
         return plan_summary(self.result)
 
 
+def dense_model_bytes(cfg: Any, num_dense: int, num_tables: int, batch_per_rank: int
+                      ) -> float:
+    """Memory per rank for the dense part of the config's DLRM: parameters, gradients and
+    optimizer state of both MLPs, and their activations (forward and gradient) for a batch.
+
+    The top MLP reads the dense vector plus one dot product per pair of the ``F + 1``
+    vectors (DLRM's dot interaction), or ``(F + 1) x dim`` features for DCN.
+    """
+    model = cfg.model
+    dim = model.embedding_dim
+    vectors = num_tables + 1
+    if model.interaction == "dot":
+        top_in = dim + vectors * (vectors - 1) // 2
+    else:
+        top_in = vectors * dim
+    params, widths = 0, 0
+    for first, layers in ((max(num_dense, 1), model.dense_arch), (top_in, model.over_arch)):
+        previous = first
+        for width in layers:
+            params += previous * width + width
+            widths += width
+            previous = width
+    states = {"adagrad": 1, "adam": 2, "sgd": 0}.get(cfg.dense_optimizer.kind, 2)
+    return 4.0 * (params * (2 + states) + 2 * batch_per_rank * (widths + top_in))
+
+
 def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool,
                                             dict[str, Any]]:
     sources = [s for s in (request.dataset, request.tables) if s is not None]
@@ -103,6 +129,7 @@ def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool
                           "--config FILE")
     optimizer = request.optimizer or (cfg.embedding_optimizer.kind if cfg else
                                       "rowwise_adagrad")
+    num_dense = 13  # DLRM's Criteo default when no dataset says otherwise
     if request.tables is not None:
         tables = tables_from_yaml(request.tables, optimizer=optimizer)
         dataset = None
@@ -121,8 +148,9 @@ def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool
 
             dim = ModelConfig.model_validate({}).embedding_dim
         assert dataset is not None
-        tables = tables_from_manifest(DatasetManifest.load(dataset), embedding_dim=dim,
-                                      optimizer=optimizer)
+        manifest = DatasetManifest.load(dataset)
+        tables = tables_from_manifest(manifest, embedding_dim=dim, optimizer=optimizer)
+        num_dense = len(manifest.dense)
 
     world = request.world_size
     auto = world is None
@@ -153,6 +181,10 @@ def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool
         batch, global_batch = cfg.training.batch_size, True
     else:
         batch = DEFAULT_BATCH_SIZE
+    if cfg is not None:
+        per_rank = max(batch // topology.world_size, 1) if global_batch else batch
+        topology = dataclasses.replace(topology, dense_bytes=dense_model_bytes(
+            cfg, num_dense, len(tables), per_rank))
     resolved = {"dataset": str(dataset) if dataset else None,
                 "tables_file": str(request.tables) if request.tables else None,
                 "config": str(request.config) if request.config else None,
