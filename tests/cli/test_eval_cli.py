@@ -290,3 +290,28 @@ def test_criteo_checkpoint_two_processes_match_one(
     assert two["rows"] == one["rows"]
     for key in ("auc", "pr_auc", "logloss", "calibration", "ece"):
         assert two[key] == pytest.approx(one[key], rel=1e-5), key
+
+
+@needs_training
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_checkpoint_of_two_ranks_evaluates_on_one_and_three(tmp_path: Path) -> None:
+    """World size at training and at evaluation are independent."""
+    ds = make_dataset(tmp_path / "ds", {"train": 1200, "val": 300, "test": 301}, num_dense=3,
+                      num_sparse=4, num_embeddings=[40, 50, 60, 30], row_group_size=128, seed=5)
+    small = ["model.embedding_dim=8", "model.dense_arch=[16,8]", "model.over_arch=[16,1]",
+             "training.batch_size=64", "training.max_steps=12", "training.val_every=0",
+             "training.num_workers=1"]
+    assert run_cli(["train", "--dataset", str(ds.path), "--out", str(tmp_path / "run"), *small,
+                    "--nproc-per-node", "2", "--no-track"]) == 0
+    common = ["eval", "--checkpoint", str(tmp_path / "run"), "--no-track", "--segment-by", "C1"]
+    assert run_cli([*common, "--out", str(tmp_path / "one"), "--save-predictions"]) == 0
+    assert run_cli([*common, "--out", str(tmp_path / "three"), "--nproc-per-node", "3"]) == 0
+    one = json.loads((tmp_path / "one" / "metrics.json").read_text())
+    three = json.loads((tmp_path / "three" / "metrics.json").read_text())
+    assert one["rows"] == three["rows"] == 301 and three["world_size"] == 3
+    for key in ("auc", "pr_auc", "logloss", "calibration", "ece", "baseline_feature_auc"):
+        assert three[key] == pytest.approx(one[key], rel=1e-5), key
+    saved = pq.read_table(tmp_path / "one" / "predictions").to_pandas()
+    y, s = saved["label"].to_numpy(), saved["score"].to_numpy().astype(np.float64)
+    assert one["auc"] == pytest.approx(roc_auc_score(y, s), abs=1e-6)
