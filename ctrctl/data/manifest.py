@@ -199,6 +199,12 @@ class DatasetManifest:
         return cls.from_dict(data, where=str(path))
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write JSON to ``path`` through a temporary file and a rename: never half-written."""
     path = Path(path)
@@ -208,6 +214,7 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
         with os.fdopen(fd, "w") as handle:
             json.dump(obj, handle, indent=2, sort_keys=True, default=str)
             handle.write("\n")
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
