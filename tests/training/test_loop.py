@@ -107,3 +107,15 @@ def test_learns_the_planted_model(tmp_path: Path) -> None:
     labels = np.concatenate([y for y, _ in predict_split(tmp_path / "run", data.path, "val")])
     best = roc_auc(labels, data.probs["val"])
     assert result.metrics["val.auc"] >= best - 0.01, (result.metrics["val.auc"], best)
+
+
+@pytest.mark.parametrize("pipeline", ["dcn.yaml", "default.yaml"])
+def test_shipped_pipelines_train(ds: SyntheticDataset, tmp_path: Path, pipeline: str) -> None:
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "pipelines" / pipeline, [
+        "training.batch_size=128", "training.max_steps=3", "training.num_workers=0",
+        "training.device=cpu"])
+    result = train(ds.path, tmp_path / "run", cfg)
+    assert result.step == 3 and np.isfinite(result.metrics["train.loss"])
+    model, _, config = load_model(tmp_path / "run")
+    assert config.model.interaction == cfg.model.interaction
