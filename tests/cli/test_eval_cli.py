@@ -128,6 +128,18 @@ def test_bad_gate_fails_before_evaluating(
     assert not out.exists()
 
 
+def test_json_goes_to_stdout(
+    scored: tuple[Path, Path, np.ndarray], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, preds, labels = scored
+    out = tmp_path / "out"
+    assert run_cli(["eval", "--predictions", str(preds), "--out", str(out), "--no-track",
+                    "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads((out / "metrics.json").read_text())
+    assert printed["rows"] == labels.size
+
+
 def test_refuses_to_overwrite_without_the_flag(
     scored: tuple[Path, Path, np.ndarray], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
