@@ -77,6 +77,30 @@ def test_dot_interaction_gradients() -> None:
     torch.testing.assert_close(got, expected)
 
 
+def test_interaction_padding_keeps_the_model() -> None:
+    """Zero columns (415 -> 416 in the benchmark's shape) change neither logits nor training."""
+    padded, plain = tiny_model(), tiny_model()
+    plain_model = DLRM(plain.sparse_arch, 4, [16, DIM], [16, 1], interaction_pad_to=1)
+    assert (
+        padded.interaction.output_dim(DIM) == 16 and plain_model.interaction.output_dim(DIM) == 14
+    )
+    with torch.no_grad():
+        plain_model.dense_arch.load_state_dict(padded.dense_arch.state_dict())
+        for (name, p_plain), p_padded in zip(
+            plain_model.over_arch.named_parameters(), padded.over_arch.parameters(), strict=True
+        ):
+            p_plain.copy_(p_padded[:, :14] if name == "layers.0.weight" else p_padded)
+    dense, kjt, labels = tiny_batch(batch=8)
+    torch.testing.assert_close(padded(dense, kjt), plain_model(dense, kjt))
+    optimizer = torch.optim.Adagrad(padded.dense_parameters(), lr=0.1)
+    for _ in range(3):
+        loss = dlrm_loss(padded(dense, kjt), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert torch.count_nonzero(padded.over_arch.layers[0].weight[:, 14:]) == 0
+
+
 def test_low_rank_cross_net_against_formula() -> None:
     net = LowRankCrossNet(in_features=6, num_layers=2, low_rank_dim=3)
     x0 = torch.randn(4, 6)
