@@ -195,7 +195,7 @@ class EvalConfig(_Section):
 
     Attributes:
         splits: splits to score.
-        batch_size: rows per scoring batch.
+        batch_size: rows per scoring batch (per rank; also used by validation in training).
         gates: metric -> bound (e.g. ``auc: 0.70``) that must hold.
     """
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -461,7 +461,7 @@ class BatchLoader:
         if carried and remaining > 0 and not self.drop_last:
             yield self._to_batch(_Block.concat(carry))
 
-    def epoch(self, epoch: int = 0, start_batch: int = 0) -> Iterator[Batch]:
+    def epoch(self, epoch: int = 0, start_batch: int = 0) -> Generator[Batch, None, None]:
         """The batches of ``epoch`` from batch ``start_batch`` on.
 
         Batches are produced by a background thread ``prefetch`` ahead of the consumer;

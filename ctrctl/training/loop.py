@@ -106,11 +106,29 @@ def evaluate_model(
     was_training = model.training
     model.eval()
     labels, scores = [], []
-    for batch in loader.epoch(0):
+    steps = loader.num_batches
+    if world_size > 1:
+        # A sharded model runs collectives in forward: every rank must take as many steps,
+        # though scoring slices may differ by a row (and so by a batch). A rank that runs
+        # out repeats its last batch and drops the result.
+        count = torch.tensor([steps], dtype=torch.int64)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        steps = int(count.item())
+    batches = loader.epoch(0)
+    last = None
+    for _ in range(steps):
+        batch = next(batches, None)
+        keep = batch is not None
+        batch = batch if batch is not None else last
+        if batch is None:
+            break
+        last = batch
         batch = batch.to(device)
         logits = model(batch.dense, batch.sparse)
-        scores.append(torch.sigmoid(logits.float()).cpu().numpy())
-        labels.append(batch.labels.cpu().numpy())
+        if keep:
+            scores.append(torch.sigmoid(logits.float()).cpu().numpy())
+            labels.append(batch.labels.cpu().numpy())
+    batches.close()
     model.train(was_training)
     y = np.concatenate(labels) if labels else np.empty(0, np.float32)
     p = np.concatenate(scores) if scores else np.empty(0, np.float32)
@@ -166,7 +184,8 @@ class _Trainer:
         if self.t.val_split in self.manifest.splits and self.manifest.splits[
                 self.t.val_split].rows > 0:
             self.val_loader = BatchLoader.for_scoring(
-                dataset, self.t.val_split, 8192, rank=self.rank, world_size=self.world_size,
+                dataset, self.t.val_split, config.eval.batch_size, rank=self.rank,
+                world_size=self.world_size,
                 num_workers=workers, max_rows=self.t.val_max_rows)
         per_epoch = self.loader.num_batches
         self.total_steps = self.t.max_steps or self.t.epochs * per_epoch

@@ -27,7 +27,7 @@ SMALL = [
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory: pytest.TempPathFactory) -> SyntheticDataset:
     return make_dataset(tmp_path_factory.mktemp("ds") / "ds",
-                        {"train": 1200, "val": 300, "test": 200}, num_dense=3, num_sparse=4,
+                        {"train": 1200, "val": 301, "test": 200}, num_dense=3, num_sparse=4,
                         num_embeddings=[40, 50, 60, 30], row_group_size=256, seed=5)
 
 
@@ -102,8 +102,11 @@ def test_train_command_resume_and_errors(
 @pytest.mark.slow
 def test_train_two_processes_through_torchrun(ds: SyntheticDataset, tmp_path: Path) -> None:
     out = tmp_path / "run"
+    # eval.batch_size=150: rank 0 scores 150 val rows (one batch), rank 1 151 (two), and
+    # validation must still take the same number of steps on both.
     proc = _ctrctl(["train", "--dataset", str(ds.path), "--out", str(out), *SMALL,
-                    "--nproc-per-node", "2", "--no-track"], cwd=tmp_path, timeout=400)
+                    "eval.batch_size=150", "--nproc-per-node", "2", "--no-track"],
+                   cwd=tmp_path, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     meta = ckpt.read_metadata(out)
     assert meta.world_size == 2 and meta.step == 12
@@ -112,4 +115,6 @@ def test_train_two_processes_through_torchrun(ds: SyntheticDataset, tmp_path: Pa
     assert ranks == {0, 1}, "both ranks saved their tables"
     # the two-process checkpoint loads in one process and scores every val row
     labels = np.concatenate([y for y, _ in predict_split(out, ds.path, "val")])
-    assert len(labels) == 300
+    assert len(labels) == 301
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["metrics"]["val.rows"] == 301
