@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 #: Default timeout of every process group ctrctl creates.
 DEFAULT_TIMEOUT = timedelta(seconds=300)
 #: How long survivors of a failed collective wait for each other to learn who is missing.
-ROLL_CALL_S = 5.0
+ROLL_CALL_S = 10.0
 _FAILED_KEY = "ctrctl/failed/"
 _ALIVE_KEY = "ctrctl/alive/"
 

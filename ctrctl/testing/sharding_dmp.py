@@ -183,20 +183,31 @@ def resume_body(rank: int, world_size: int, path: str, saved: dict[str, Any],
 
 
 # ---- failures -------------------------------------------------------------------------------
+#: When this rank started the work under test (after imports and model building): the
+#: seconds a survivor reports run from here to the error it raised.
+_step_started = 0.0
+
+
+def _start_clock() -> None:
+    global _step_started
+    _step_started = time.monotonic()
+
+
 def _rank_main(rank: int, world_size: int, port: int, timeout_s: float,
                fn: Callable[..., Any], args: tuple[Any, ...], results: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
-    start = time.monotonic()
+    global _step_started
+    _step_started = time.monotonic()
     try:
         comm.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
         with comm.fail_fast():
             value = fn(rank, world_size, *args)
-        results[rank] = ("ok", repr(value), time.monotonic() - start)
+        results[rank] = ("ok", repr(value), time.monotonic() - _step_started)
     except BaseException as exc:
         results[rank] = (type(exc).__name__, f"{exc}\n{traceback.format_exc()}",
-                         time.monotonic() - start)
+                         time.monotonic() - _step_started)
         os._exit(1)  # leave at once, as a crashing rank would (no group teardown)
     dist.destroy_process_group()
 
@@ -239,6 +250,7 @@ def kill_mid_step_body(rank: int, world_size: int, victim: int) -> None:
         for group in dmp.sharded_modules()[0].groups.values():
             group.lookups[0].register_forward_pre_hook(lambda *_: os._exit(9))
     batches = make_batches(golden_tables(), (4,) * world_size, 0)
+    _start_clock()
     for _ in range(3):
         dmp(batches[rank], keys).sum().backward()
 
@@ -249,6 +261,7 @@ def raise_mid_step_body(rank: int, world_size: int, victim: int) -> None:
     plan = forced_plan(model.ebc.embedding_bag_configs(), world_size, "table_wise")
     dmp = DistributedModelParallel(model, plan)
     batches = make_batches(golden_tables(), (4,) * world_size, 0)
+    _start_clock()
     if rank == victim:
         raise ValueError("feature f0 has id 10**9, outside table t0's 37 rows")
     dmp(batches[rank], keys).sum().backward()
@@ -261,4 +274,5 @@ def kill_in_checkpoint_body(rank: int, world_size: int, folder: str, victim: int
     dmp = DistributedModelParallel(model, plan)
     if rank == victim:
         ckpt._gather_pieces = lambda *a, **k: os._exit(9)  # type: ignore[assignment]
+    _start_clock()
     save_sharded(Path(folder), 7, dmp, {}, {}, {"epoch": 0}, {})
