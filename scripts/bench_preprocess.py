@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, source in cases:
         kind = name.removesuffix("-tenth")
         runs = [_run(kind, source, scratch / name, args.min_count) for _ in range(args.repeats)]
+        print(f"{name}: " + ", ".join(f"{r['seconds']:.1f} s" for r in runs), flush=True)
         seconds = statistics.median(r["seconds"] for r in runs)
         results[name] = {
             "rows": runs[0]["rows"], "seconds": seconds, "rows_per_s": runs[0]["rows"] / seconds,
