@@ -118,3 +118,10 @@ def test_train_two_processes_through_torchrun(ds: SyntheticDataset, tmp_path: Pa
     assert len(labels) == 301
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["metrics"]["val.rows"] == 301
+    # and training resumes from it in one process (tables resharded on load)
+    from ctrctl.cli.app import main
+
+    assert main(["train", "--dataset", str(ds.path), "--out", str(out), *SMALL,
+                 "training.max_steps=15", "--resume", "--no-track"]) == 0
+    resumed = ckpt.read_metadata(out)
+    assert resumed.step == 15 and resumed.world_size == 1
