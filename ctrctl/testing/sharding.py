@@ -18,8 +18,9 @@ Example:
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -33,6 +34,11 @@ from ctrctl.distributed.types import ShardingType
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.sparse.jagged_tensor import KeyedJaggedTensor
 
+
+def _say(prefix: str) -> Callable[[str], str]:
+    """An assert_close message: ``prefix`` then torch's own description."""
+    return lambda detail: f"{prefix}{detail}"
+
 DENSE_IN = 3
 LR = 0.1
 DENSE_LR = 0.05
@@ -43,7 +49,7 @@ def golden_tables(weighted: bool = False) -> list[TableSpec]:
     mean = "sum" if weighted else "mean"
     return [
         TableSpec("t0", 37, 8, ("f0",)),
-        TableSpec("t1", 50, 16, ("f1",), pooling=mean),
+        TableSpec("t1", 50, 16, ("f1",), pooling=cast(Any, mean)),
         TableSpec("t2", 11, 8, ("f2", "f3")),
         TableSpec("t3", 3, 4, ("f4",)),
     ]
@@ -137,12 +143,13 @@ def reference_step(
     after = {}
     with torch.no_grad():
         for name, w in full.items():
+            grad = cast(torch.Tensor, w.grad)
             if name in dp_tables:
-                after[name] = w - DENSE_LR * w.grad
+                after[name] = w - DENSE_LR * grad
             else:
-                after[name] = fused_update(kind, w, w.grad, LR)
+                after[name] = fused_update(kind, w, grad, LR)
         for p in ref_head.parameters():
-            p -= DENSE_LR * p.grad
+            p.sub_(DENSE_LR * cast(torch.Tensor, p.grad))
     return torch.cat(logits_per_rank).detach(), loss.detach(), after, ref_head
 
 
@@ -212,14 +219,13 @@ def run_golden_case(case: GoldenCase, rank: int, world_size: int, seed: int = 0)
         tables, weights, head, batches, case.optimizer, dp_tables)
 
     sebc = ShardedEmbeddingBagCollection(
-        tables, plan.tables, EmbeddingOptimizerConfig(kind=case.optimizer, lr=LR),
+        tables, plan.tables, EmbeddingOptimizerConfig(kind=cast(Any, case.optimizer), lr=LR),
         backend=case.backend, local_world_size=plan.local_world_size)
     sebc.load_table_weights(weights)
-    for name, p in zip([t.name for t in sebc.groups["data_parallel"].tables],
-                       sebc.data_parallel_parameters(), strict=True) \
-            if "data_parallel" in sebc.groups else []:
-        with torch.no_grad():
-            p.copy_(weights[name])
+    with torch.no_grad():
+        for shard in sebc.local_shards():
+            if shard.replicated:              # data-parallel replicas are plain parameters
+                shard.weight.copy_(weights[shard.table])
     my_head = torch.nn.Linear(head.in_features, 1)
     my_head.load_state_dict(head.state_dict())
     mine = batches[rank]
@@ -231,22 +237,23 @@ def run_golden_case(case: GoldenCase, rank: int, world_size: int, seed: int = 0)
     dense_params = list(my_head.parameters()) + list(sebc.data_parallel_parameters())
     with torch.no_grad():
         for p in dense_params:   # DDP's averaging, written out
-            dist.all_reduce(p.grad)
-            p -= DENSE_LR * p.grad / world_size
+            grad = cast(torch.Tensor, p.grad)
+            dist.all_reduce(grad)
+            p.sub_(DENSE_LR * grad / world_size)
         mean_loss = loss.detach().clone()
         dist.all_reduce(mean_loss)
         mean_loss /= world_size
     start = sum(batch_per_rank[:rank])
     where = f"case {case.name} on rank {rank} of {world_size}"
     torch.testing.assert_close(logits.detach(), ref_logits[start:start + len(logits)],
-                               msg=lambda m: f"{where}: predictions differ: {m}")
-    torch.testing.assert_close(mean_loss, ref_loss, msg=lambda m: f"{where}: loss: {m}")
+                               msg=_say(f"{where}: predictions differ: "))
+    torch.testing.assert_close(mean_loss, ref_loss, msg=_say(f"{where}: loss: "))
     after = gather_table_weights(sebc)
     for name, expected in ref_weights.items():
         torch.testing.assert_close(after[name], expected,
-                                   msg=lambda m, n=name: f"{where}: table {n} after step: {m}")
+                                   msg=_say(f"{where}: table {name} after step: "))
     torch.testing.assert_close(my_head.weight, ref_head.weight,
-                               msg=lambda m: f"{where}: head after step: {m}")
+                               msg=_say(f"{where}: head after step: "))
 
 
 def golden_body(rank: int, world_size: int, cases: Sequence[GoldenCase]) -> list[str]:

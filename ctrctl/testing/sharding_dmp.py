@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -34,7 +34,7 @@ from ctrctl.distributed.model_parallel import DistributedModelParallel
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.testing.multiprocess import free_port
-from ctrctl.testing.sharding import DENSE_IN, Batch, golden_tables, make_batches
+from ctrctl.testing.sharding import DENSE_IN, Batch, _say, golden_tables, make_batches
 from ctrctl.training import checkpoint as ckpt
 
 LR = 0.05
@@ -42,6 +42,9 @@ LR = 0.05
 
 class TinyModel(nn.Module):
     """An EmbeddingBagCollection and a linear head over ``cat(dense, pooled)``."""
+
+    ebc: Any
+    head: nn.Linear
 
     def __init__(self, ebc: nn.Module, width: int, seed: int) -> None:
         super().__init__()
@@ -56,7 +59,7 @@ class TinyModel(nn.Module):
 
 def make_model(kind: str, seed: int, backend: str = "auto") -> tuple[TinyModel, list[str]]:
     tables = golden_tables()
-    ebc = EmbeddingBagCollection(tables, EmbeddingOptimizerConfig(kind=kind, lr=LR),
+    ebc = EmbeddingBagCollection(tables, EmbeddingOptimizerConfig(kind=cast(Any, kind), lr=LR),
                                  seed=seed, backend=backend)
     width = sum(t.embedding_dim * len(t.feature_names) for t in tables)
     return TinyModel(ebc, width, seed), [f for t in tables for f in t.feature_names]
@@ -108,19 +111,23 @@ def sharded_steps(dmp: DistributedModelParallel, keys: list[str], rank: int,
     return out
 
 
+def _head(dmp: DistributedModelParallel) -> nn.Linear:
+    return cast(TinyModel, dmp.unwrapped).head
+
+
 def _check_against(dmp: DistributedModelParallel, ref: TinyModel, logits: list[torch.Tensor],
                    ref_logits: list[torch.Tensor], rank: int, batch_per_rank: Sequence[int],
                    where: str) -> None:
     start = sum(batch_per_rank[:rank])
     for step, (mine, full) in enumerate(zip(logits, ref_logits, strict=True)):
         torch.testing.assert_close(mine, full[start:start + len(mine)],
-                                   msg=lambda m, s=step: f"{where}: step {s} predictions: {m}")
+                                   msg=_say(f"{where}: step {step} predictions: "))
     after = gather_table_weights(dmp)
     for name, expected in ref.ebc.embedding_bag_weights().items():
         torch.testing.assert_close(after[name], expected,
-                                   msg=lambda m, n=name: f"{where}: table {n}: {m}")
-    torch.testing.assert_close(dmp.unwrapped.head.weight, ref.head.weight,
-                               msg=lambda m: f"{where}: head: {m}")
+                                   msg=_say(f"{where}: table {name}: "))
+    torch.testing.assert_close(_head(dmp).weight, ref.head.weight,
+                               msg=_say(f"{where}: head: "))
 
 
 def dmp_body(rank: int, world_size: int, plan_types: str | Mapping[str, str], kind: str,
@@ -148,7 +155,7 @@ def save_body(rank: int, world_size: int, folder: str, plan_types: Any) -> dict[
     plan = forced_plan(model.ebc.embedding_bag_configs(), world_size, plan_types)
     dmp = DistributedModelParallel(model, plan)
     sharded_steps(dmp, keys, rank, [make_batches(golden_tables(), (4,) * world_size, 20)])
-    head = {k: v.detach().clone() for k, v in dmp.unwrapped.head.state_dict().items()}
+    head = {k: v.detach().clone() for k, v in _head(dmp).state_dict().items()}
     path = save_sharded(folder, 1, dmp, head, {}, {"epoch": 0},
                         {"plan": plan.to_dict()})
     return {"path": str(path), "tables": gather_table_weights(dmp), "head": head}
@@ -162,11 +169,11 @@ def resume_body(rank: int, world_size: int, path: str, saved: dict[str, Any],
     plan = forced_plan(model.ebc.embedding_bag_configs(), world_size, plan_types)
     dmp = DistributedModelParallel(model, plan)
     load_sharded(path, dmp)
-    dmp.unwrapped.head.load_state_dict(saved["head"])
+    _head(dmp).load_state_dict(saved["head"])
     loaded = gather_table_weights(dmp)
     for name, expected in saved["tables"].items():
         torch.testing.assert_close(loaded[name], expected, rtol=0, atol=0,
-                                   msg=lambda m, n=name: f"{where}: table {n} as loaded: {m}")
+                                   msg=_say(f"{where}: table {name} as loaded: "))
     # the unsharded model from the same checkpoint (weights and optimizer state), then a step
     ref, _ = make_model("exact_adagrad", seed=98)
     tables = ref.ebc.embedding_bag_configs()
@@ -247,8 +254,8 @@ def kill_mid_step_body(rank: int, world_size: int, victim: int) -> None:
     plan = forced_plan(model.ebc.embedding_bag_configs(), world_size, "row_wise")
     dmp = DistributedModelParallel(model, plan)
     if rank == victim:
-        for group in dmp.sharded_modules()[0].groups.values():
-            group.lookups[0].register_forward_pre_hook(lambda *_: os._exit(9))
+        for kernel in dmp.sharded_modules()[0].fused_lookups():
+            kernel.register_forward_pre_hook(lambda *_: os._exit(9))
     batches = make_batches(golden_tables(), (4,) * world_size, 0)
     _start_clock()
     for _ in range(3):

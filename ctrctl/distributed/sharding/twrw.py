@@ -37,6 +37,8 @@ class TwrwSharding(RwSharding):
 
     sharding_type = ShardingType.TABLE_ROW_WISE.value
     reduce_scatter = False
+    host_columns: torch.Tensor
+    place_columns: torch.Tensor
 
     def __init__(self, tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding],
                  optimizer: EmbeddingOptimizerConfig, group: Any | None = None,
