@@ -115,3 +115,27 @@ def test_forced_and_default_plans_validate() -> None:
     assert {n: ps.shards[0].rank for n, ps in plan.tables.items()} == {"a": 1, "b": 0, "c": 1}
     with pytest.raises(PlanError, match="no sharding type given for table 'c'"):
         forced_plan(TABLES, 2, {"a": "row_wise", "b": "table_wise"})
+
+
+@pytest.mark.parametrize("batches", [[3, 3, 3], [2, 4, 1]])
+def test_to_slot_major_matches_naive(batches: list[int]) -> None:
+    gen = torch.Generator().manual_seed(len(batches))
+    num_slots = 4
+    bags = {(src, slot): [torch.randint(0, 9, (int(n),), generator=gen)
+                          for n in torch.randint(0, 3, (b,), generator=gen)]
+            for src, b in enumerate(batches) for slot in range(num_slots)}
+    source_major = [bags[(src, slot)] for src in range(len(batches)) for slot in range(num_slots)]
+    slot_major = [bags[(src, slot)] for slot in range(num_slots) for src in range(len(batches))]
+
+    def flat(blocks):
+        lengths = torch.tensor([len(b) for block in blocks for b in block])
+        values = torch.cat([b for block in blocks for b in block])
+        return lengths, values
+
+    lengths, values = flat(source_major)
+    weights = values.float() / 10
+    got = common.to_slot_major(lengths, values, weights, num_slots, batches)
+    want_len, want_val = flat(slot_major)
+    torch.testing.assert_close(got[0], want_len)
+    torch.testing.assert_close(got[1], want_val)
+    torch.testing.assert_close(got[2], want_val.float() / 10)

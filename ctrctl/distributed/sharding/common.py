@@ -39,7 +39,7 @@ import torch
 from ctrctl.distributed.types import ParameterSharding, ShardMetadata
 from ctrctl.errors import PlanError
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig
-from ctrctl.sparse.ops import complete_cumsum, segment_ranges, use_fbgemm_ops
+from ctrctl.sparse.ops import complete_cumsum, permute_2d_sparse, segment_ranges, use_fbgemm_ops
 
 #: What sharding needs of a table: its name, size, features and pooling.
 TableSpec = EmbeddingBagConfig
@@ -238,6 +238,8 @@ def route(
         values: their ids, feature-major.
         weights: optional per-id weights.
     """
+    if not any(layout.row_split(t) for t in range(len(layout.tables))):
+        return _route_whole_features(layout, lengths, values, weights)
     num_features, batch = lengths.shape
     per_feature = lengths.sum(dim=1).tolist()
     values_f = list(values.split(per_feature))
@@ -286,6 +288,25 @@ def route(
     return RoutedInput(out_len, out_val, out_wt)
 
 
+def _route_whole_features(
+    layout: GroupLayout,
+    lengths: torch.Tensor,
+    values: torch.Tensor,
+    weights: torch.Tensor | None,
+) -> RoutedInput:
+    """:func:`route` when no table is cut by rows: each slot is a whole feature, so one
+    permutation of the features (slot order over all ranks) then a split does it."""
+    order = [s.feature for rank in range(layout.world_size) for s in layout.slots_per_rank[rank]]
+    perm = torch.tensor(order, dtype=torch.long, device=lengths.device)
+    p_len, p_val, p_wt = permute_2d_sparse(perm, lengths, values, weights)
+    slots = [len(layout.slots_per_rank[r]) for r in range(layout.world_size)]
+    per_rank_values = p_len.view(len(order), -1).sum(dim=1).split(slots)
+    value_counts = [int(v.sum()) for v in per_rank_values]
+    out_len = list(p_len.reshape(-1).split([n * lengths.shape[1] for n in slots]))
+    return RoutedInput(out_len, list(p_val.split(value_counts)),
+                       list(p_wt.split(value_counts)) if p_wt is not None else None)
+
+
 # ---- receiver side: source-major -> slot-major -----------------------------------------------
 def to_slot_major(
     lengths: torch.Tensor,
@@ -302,6 +323,13 @@ def to_slot_major(
     world = len(batch_per_source)
     if world == 1 or num_slots <= 1:
         return lengths, values, weights
+    if len(set(batch_per_source)) == 1:
+        # equal batches: a (source x slot, B) jagged block; permute its rows slot-major
+        order = torch.arange(world * num_slots, device=lengths.device)
+        order = order.view(world, num_slots).t().reshape(-1)
+        new_lengths, new_values, new_weights = permute_2d_sparse(
+            order, lengths.view(world * num_slots, -1), values, weights)
+        return new_lengths.reshape(-1), new_values, new_weights
     # segments are (source, slot) blocks of bags; we want them in (slot, source) order
     device = lengths.device
     seg_bags = torch.tensor([b for b in batch_per_source for _ in range(num_slots)],
