@@ -206,6 +206,8 @@ class _Trainer:
             "config": self.config.to_dict(),
             "tables": model_io.table_info(self.model, self.config),
             "dataset": str(self.dataset),
+            # lets `ctrctl eval` link its run to the training run that made the model
+            "mlflow_run_id": self.run.run_id,
         }
 
     def save(self) -> Path:

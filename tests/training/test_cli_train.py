@@ -67,6 +67,7 @@ def test_train_command_writes_checkpoints_metrics_and_tracks(
     assert experiment is not None
     [run] = client.search_runs([experiment.experiment_id])
     assert run.info.status == "FINISHED" and run.info.run_name == "train"
+    assert meta.extra["mlflow_run_id"] == run.info.run_id
     assert run.data.params["training.batch_size"] == "64"
     assert run.data.metrics["val.auc"] == pytest.approx(metrics["metrics"]["val.auc"])
     loss_history = client.get_metric_history(run.info.run_id, "train.loss")
