@@ -119,8 +119,7 @@ class RoutedSharding(EmbeddingSharding):
     def output_dist(self, local: torch.Tensor, batch_per_rank: list[int]) -> torch.Tensor:
         batch = batch_per_rank[self.rank]
         if self.reduce_scatter:
-            partial = local.new_zeros(local.shape[0], self.layout.output_dim)
-            partial = partial.index_add(1, self.my_columns, local)            # (Bg, D)
+            partial = _place_columns(local, self.my_columns, self.layout.output_dim)  # (Bg, D)
             return comm.reduce_scatter_rows(partial, batch_per_rank, self.group,
                                             self.grad_scale)
         received = comm.pooled_all_to_all(local, batch_per_rank, self.widths, self.group,
@@ -158,3 +157,17 @@ class RoutedSharding(EmbeddingSharding):
                 shards.append(LocalShard(self.layout.tables[t].name, shard, weights[i],
                                          states[i]))
         return shards
+
+
+def _place_columns(local: torch.Tensor, columns: torch.Tensor, width: int) -> torch.Tensor:
+    """(rows, W) blocks into (rows, width): column ``j`` of ``local`` goes to ``columns[j]``.
+
+    When this rank holds a block of every feature (row-wise), no zero-filled copy is made.
+    """
+    if columns.numel() == width:
+        every = torch.arange(width, device=columns.device)
+        if torch.equal(columns, every):
+            return local
+        if torch.equal(torch.sort(columns).values, every):      # a permutation
+            return local.index_select(1, torch.argsort(columns))
+    return local.new_zeros(local.shape[0], width).index_add(1, columns, local)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from ctrctl.distributed import comm
 from ctrctl.distributed.sharding.common import TableSpec
+from ctrctl.distributed.sharding.routed import _place_columns
 from ctrctl.distributed.sharding.rw import RwSharding
 from ctrctl.distributed.types import ParameterSharding, ShardingType
 from ctrctl.errors import PlanError
@@ -105,8 +106,7 @@ class TwrwSharding(RwSharding):
         chunk = [sum(batch_per_rank[h * self.local + lr] for h in range(self.hosts))
                  for lr in range(self.local)]
         if width:
-            partial = local.new_zeros(local.shape[0], width).index_add(
-                1, self.host_columns, local)                                   # (Bg, D_h)
+            partial = _place_columns(local, self.host_columns, width)         # (Bg, D_h)
             summed = comm.reduce_scatter_rows(partial.index_select(0, rows), chunk,
                                               self.host_group)                 # (chunk_l, D_h)
         else:
