@@ -181,8 +181,11 @@ class DistributedModelParallel(nn.Module):
                        if any(name.startswith(prefix) for prefix in self._sharded_prefixes(
                            sharded))]
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(sharded, ignore)
+            # Buffers are built identically on every rank: no per-step broadcast of them.
             wrapped = DistributedDataParallel(sharded, process_group=process_group,
-                                              find_unused_parameters=find_unused_parameters)
+                                              find_unused_parameters=find_unused_parameters,
+                                              broadcast_buffers=False,
+                                              gradient_as_bucket_view=True)
         self.module = wrapped
 
     @staticmethod

@@ -240,6 +240,9 @@ def route(
     """
     if not any(layout.row_split(t) for t in range(len(layout.tables))):
         return _route_whole_features(layout, lengths, values, weights)
+    sizes = _uniform_row_wise_blocks(layout)
+    if sizes is not None and use_fbgemm_ops() and values.device.type == "cpu":
+        return _route_row_wise(layout, sizes, lengths, values, weights)
     num_features, batch = lengths.shape
     per_feature = lengths.sum(dim=1).tolist()
     values_f = list(values.split(per_feature))
@@ -286,6 +289,46 @@ def route(
         if out_wt is not None:
             out_wt.append(torch.cat(seg_wt) if seg_wt else weights.new_zeros(0))  # type: ignore[union-attr]
     return RoutedInput(out_len, out_val, out_wt)
+
+
+def _uniform_row_wise_blocks(layout: GroupLayout) -> list[int] | None:
+    """Per feature, its table's block size, when every table is cut into one block per rank
+    in rank order (plain row-wise); None otherwise."""
+    cached = getattr(layout, "_row_wise_sizes", False)
+    if cached is not False:
+        return cached  # type: ignore[no-any-return]
+    sizes: list[int] | None = []
+    world = layout.world_size
+    for t, table in enumerate(layout.tables):
+        blocks = layout.row_blocks[t]
+        size = uniform_block_size(blocks, table.num_embeddings)
+        ranks = sorted((s.row_offset, s.rank) for r in range(world)
+                       for tt, s in layout.local_tables[r] if tt == t)
+        if size is None or len(blocks) != world or [r for _, r in ranks] != list(range(world)):
+            sizes = None
+            break
+        sizes += [size] * len(table.feature_names)  # type: ignore[operator]
+    layout._row_wise_sizes = sizes  # type: ignore[attr-defined]
+    return sizes
+
+
+def _route_row_wise(
+    layout: GroupLayout,
+    sizes: list[int],
+    lengths: torch.Tensor,
+    values: torch.Tensor,
+    weights: torch.Tensor | None,
+) -> RoutedInput:
+    """:func:`route` for plain row-wise: one bucketize of every feature; bucket r is rank r's."""
+    world = layout.world_size
+    block_sizes = torch.tensor(sizes, dtype=values.dtype)
+    new_lengths, new_values, new_weights, _, _ = (
+        torch.ops.fbgemm.block_bucketize_sparse_features(
+            lengths.reshape(-1), values, False, False, block_sizes, world, weights))
+    per_rank = new_lengths.view(world, -1)
+    counts = per_rank.sum(dim=1).tolist()
+    return RoutedInput(list(per_rank.unbind(0)), list(new_values.split(counts)),
+                       list(new_weights.split(counts)) if new_weights is not None else None)
 
 
 def _route_whole_features(
