@@ -79,6 +79,7 @@ class TwrwSharding(RwSharding):
         placed = torch.cat([torch.arange(layout.feature_offsets[f], layout.feature_offsets[f + 1])
                             for fs in self.host_features for f in fs])
         self.register_buffer("place_columns", torch.argsort(placed), persistent=False)
+        self.place_identity = bool(torch.equal(placed, torch.arange(placed.numel())))
         # Sub-groups: every rank creates every group, in the same order.
         self.host_group, self.cross_group = group, None
         if self.hosts > 1:
@@ -101,14 +102,15 @@ class TwrwSharding(RwSharding):
         starts = [0]
         for b in batch_per_rank:
             starts.append(starts[-1] + b)
-        rows = torch.cat([torch.arange(starts[s], starts[s + 1], device=local.device)
-                          for s in sources])
+        rows = None if self.hosts == 1 else torch.cat(
+            [torch.arange(starts[s], starts[s + 1], device=local.device) for s in sources])
         chunk = [sum(batch_per_rank[h * self.local + lr] for h in range(self.hosts))
                  for lr in range(self.local)]
         if width:
             partial = _place_columns(local, self.host_columns, width)         # (Bg, D_h)
-            summed = comm.reduce_scatter_rows(partial.index_select(0, rows), chunk,
-                                              self.host_group)                 # (chunk_l, D_h)
+            if rows is not None:
+                partial = partial.index_select(0, rows)
+            summed = comm.reduce_scatter_rows(partial, chunk, self.host_group)  # (chunk_l, D_h)
         else:
             summed = local.new_zeros(chunk[self.local_rank], 0,
                                      requires_grad=torch.is_grad_enabled())
@@ -121,6 +123,8 @@ class TwrwSharding(RwSharding):
                        for h in range(self.hosts)]
             received = comm.pooled_all_to_all(summed, batches, self.host_widths,
                                               self.cross_group, self.grad_scale)
+        if self.place_identity:
+            return received
         return received.index_select(1, self.place_columns)                   # (B, D)
 
 
