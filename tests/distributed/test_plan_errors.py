@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ctrctl.distributed.checkpoint import gather_table_weights
+from ctrctl.distributed.checkpoint import gather_table_weights, load_full_weights
 from ctrctl.distributed.default_plan import forced_plan
 from ctrctl.distributed.model_parallel import DistributedModelParallel, shard
 from ctrctl.distributed.types import ShardingPlan, ShardMetadata
-from ctrctl.errors import PlanError
+from ctrctl.errors import CheckpointError, PlanError
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
 from ctrctl.testing.multiprocess import free_port
 from ctrctl.testing.sharding import golden_tables, make_batches
@@ -75,3 +75,19 @@ def test_one_rank_dmp_matches_unsharded(one_rank: None) -> None:
     after = gather_table_weights(dmp)
     for name, expected in ref.ebc.embedding_bag_weights().items():
         torch.testing.assert_close(after[name], expected, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_full_weights_import_and_export(one_rank: None) -> None:
+    tables = golden_tables()
+    sharded = shard(EmbeddingBagCollection(tables, seed=0),
+                    forced_plan(tables, 1, {"t0": "row_wise", "t1": "column_wise",
+                                            "t2": "data_parallel", "t3": "table_wise"}))
+    full = {t.name: torch.randn(t.num_embeddings, t.embedding_dim) for t in tables}
+    load_full_weights(sharded, full)
+    exported = gather_table_weights(sharded)
+    for name, weight in full.items():
+        torch.testing.assert_close(exported[name], weight)
+    with pytest.raises(CheckpointError, match="does not fit"):
+        load_full_weights(sharded, {**full, "t0": torch.zeros(3, 8)})
+    with pytest.raises(CheckpointError, match="no weights for tables"):
+        load_full_weights(sharded, {k: v for k, v in full.items() if k != "t1"})
