@@ -41,22 +41,22 @@ def build_vocabs(
     if not min_counts:
         return vocabs
     scan = pl.scan_parquet(list(parts))
-    frames = []
+    # One feature at a time: the count table of a feature holds every distinct key (millions
+    # for Criteo's big features), so counting all at once would hold them all together.
     for name, min_count in min_counts.items():
         keys = scan.select(pl.col(name).alias("value"))
         if multi_hot.get(name, False):
             keys = keys.explode("value")
             keys = keys.filter(pl.col("value").is_not_null())
-        frames.append(
+        vocabs[name] = (
             keys.group_by("value")
             .agg(pl.len().cast(pl.Int64).alias("count"))
             .filter(pl.col("count") >= min_count)
             .sort(["count", "value"], descending=[True, False], nulls_last=True)
             .with_row_index("id", offset=1)
             .select("value", "count", pl.col("id").cast(pl.Int64))
+            .collect(engine="streaming")
         )
-    for name, frame in zip(min_counts, pl.collect_all(frames, engine="streaming"), strict=True):
-        vocabs[name] = frame
     return vocabs
 
 
