@@ -101,23 +101,6 @@ class _Block:
     def rows(self) -> int:
         return int(self.labels.shape[0])
 
-    def take(self, index: np.ndarray) -> _Block:
-        """The rows at ``index``, in that order."""
-        multihot = []
-        for lengths, offsets, values in self.multihot:
-            new_lengths = lengths[index]
-            starts = offsets[:-1][index]
-            new_offsets = np.zeros(len(index) + 1, dtype=np.int64)
-            np.cumsum(new_lengths, out=new_offsets[1:])
-            # Position of every new value in the old values: its row's old start plus its
-            # place within the row.
-            row_of_value = np.repeat(np.arange(len(index)), new_lengths)
-            within = np.arange(int(new_offsets[-1])) - new_offsets[:-1][row_of_value]
-            multihot.append((new_lengths, new_offsets, values[starts[row_of_value] + within]))
-        # np.take is several times faster than fancy indexing along axis 1.
-        return _Block(np.take(self.labels, index), np.take(self.dense, index, axis=0),
-                      np.take(self.onehot, index, axis=1), multihot)
-
     def slice(self, start: int, stop: int) -> _Block:
         multihot = []
         for lengths, offsets, values in self.multihot:
@@ -142,6 +125,24 @@ class _Block:
             np.concatenate([b.onehot for b in blocks], axis=1),
             multihot,
         )
+
+
+def _take_multihot(
+    multihot: list[tuple[np.ndarray, np.ndarray, np.ndarray]], index: np.ndarray
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Rows ``index`` of jagged (lengths, offsets, values) features."""
+    out = []
+    for lengths, offsets, values in multihot:
+        new_lengths = lengths[index]
+        starts = offsets[:-1][index]
+        new_offsets = np.zeros(len(index) + 1, dtype=np.int64)
+        np.cumsum(new_lengths, out=new_offsets[1:])
+        # Position of every new value in the old values: its row's old start plus its place
+        # within the row.
+        row_of_value = np.repeat(np.arange(len(index)), new_lengths)
+        within = np.arange(int(new_offsets[-1])) - new_offsets[:-1][row_of_value]
+        out.append((new_lengths, new_offsets, values[starts[row_of_value] + within]))
+    return out
 
 
 class BatchLoader:
@@ -335,22 +336,31 @@ class BatchLoader:
                                                    use_threads=False)
             tables.append(table.slice(c.start, c.rows))
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        block = self._decode(table)
+        perm = None
         if self.shuffle:
             perm = np.random.default_rng([self.seed, epoch, self.rank, index, 1]).permutation(
-                block.rows)
-            block = block.take(perm)
-        return block
+                table.num_rows)
+        return self._decode(table, perm)
 
-    def _decode(self, table: pa.Table) -> _Block:
+    def _decode(self, table: pa.Table, perm: np.ndarray | None) -> _Block:
+        """Columns to numpy, rows in ``perm`` order (gathered while converting: one pass)."""
         n = table.num_rows
-        labels = table.column(self.manifest.label).to_numpy().astype(np.float32)
+
+        def gathered(name: str) -> np.ndarray:
+            values = table.column(name).to_numpy()
+            return values if perm is None else np.take(values, perm)
+
+        labels = gathered(self.manifest.label).astype(np.float32)
         dense = np.empty((n, len(self.manifest.dense_names)), dtype=np.float32)
         for j, name in enumerate(self.manifest.dense_names):
-            dense[:, j] = table.column(name).to_numpy()
+            dense[:, j] = gathered(name)
         onehot = np.empty((len(self._onehot_keys), n), dtype=np.int64)
         for j, name in enumerate(self._onehot_keys):
-            onehot[j] = table.column(name).to_numpy()
+            values = table.column(name).to_numpy()
+            if perm is None:
+                onehot[j] = values
+            else:
+                np.take(values, perm, out=onehot[j])
         multihot = []
         for name in self._multihot_keys:
             column = table.column(name).combine_chunks()
@@ -361,6 +371,8 @@ class BatchLoader:
             values = values[offsets[0]:offsets[-1]]
             offsets = offsets - offsets[0]
             multihot.append((np.diff(offsets), offsets, values))
+        if multihot and perm is not None:
+            multihot = _take_multihot(multihot, perm)
         return _Block(labels, dense, onehot, multihot)
 
     # ---- batches ------------------------------------------------------------------------
