@@ -44,7 +44,8 @@ logger = logging.getLogger(__name__)
 CALIBRATION_DIMS = (16, 32, 64, 128, 256)
 
 
-def _median_time(fn: Callable[[], Any], repeats: int, warmup: int = 2) -> float:
+def _fastest_time(fn: Callable[[], Any], repeats: int, warmup: int = 2) -> float:
+    """The fastest of ``repeats`` calls: other work on the machine only ever adds time."""
     for _ in range(warmup):
         fn()
     times = []
@@ -52,7 +53,7 @@ def _median_time(fn: Callable[[], Any], repeats: int, warmup: int = 2) -> float:
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
 
 
 def _tbe_step_times(dim: int, rows: int, batch: int, pooling: int, repeats: int
@@ -93,7 +94,7 @@ def _tbe_step_times(dim: int, rows: int, batch: int, pooling: int, repeats: int
             return None
 
     with torch.no_grad():
-        fwd = _median_time(forward, repeats)
+        fwd = _fastest_time(forward, repeats)
     grad = torch.ones(batch, dim)
 
     backward_times = []
@@ -104,7 +105,7 @@ def _tbe_step_times(dim: int, rows: int, batch: int, pooling: int, repeats: int
         step()
         if i >= 2:
             backward_times.append(time.perf_counter() - start)
-    return fwd, statistics.median(backward_times)
+    return fwd, min(backward_times)
 
 
 def measure_kernels(dims: tuple[int, ...] = CALIBRATION_DIMS, rows: int = 200_000,
@@ -130,7 +131,7 @@ def measure_memory_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
 
     src = torch.ones(megabytes * 2**20 // 4)
     dst = torch.empty_like(src)
-    seconds = _median_time(lambda: dst.copy_(src), repeats)
+    seconds = _fastest_time(lambda: dst.copy_(src), repeats)
     return 2 * src.numel() * 4 / seconds
 
 
@@ -142,7 +143,7 @@ def _collective_body(rank: int, world_size: int, small: int, large: int, repeats
 
     def timed(fn: Callable[[], Any]) -> float:
         dist.barrier()
-        return _median_time(fn, repeats)
+        return _fastest_time(fn, repeats)
 
     # torch 2.13 renames the tensor forms; older torch has only the old names.
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
