@@ -78,6 +78,11 @@ def cases(quick: bool) -> list[tuple[str, list[TableSpec], int, int]]:
 def _torchrec_plan(tables: list[dict[str, Any]], world: int, local: int, batch: int,
                    topo: dict[str, Any], queue: Any) -> None:
     try:
+        import logging
+        import warnings
+
+        logging.getLogger("torchrec").setLevel(logging.ERROR)  # its dry-run notices
+        warnings.filterwarnings("ignore")
         import torch
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -204,9 +209,17 @@ def main(argv: list[str] | None = None) -> int:
                     row["ratio"] = result.step_time / rated.step_time
         rows.append(row)
         print(_format_row(row), flush=True)
+    compared = [r for r in rows if r["ratio"] is not None]
+    never_worse = all(r["ratio"] <= 1 + 1e-9 for r in compared)
+    skewed = [r["ratio"] for r in compared if not r["case"].startswith("uniform")]
+    summary = {"compared": len(compared), "never_worse": never_worse,
+               "best_ratio": min((r["ratio"] for r in compared), default=None),
+               "median_ratio_nonuniform": statistics.median(skewed) if skewed else None}
+    print(f"compared {summary['compared']} cases: never worse than TorchRec: {never_worse}; "
+          f"median ratio on non-uniform sets {summary['median_ratio_nonuniform']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"batch_size": args.batch_size, "quick": args.quick,
-                                    "rows": rows}, indent=2))
+                                    "summary": summary, "rows": rows}, indent=2))
     print(f"results in {args.out}")
     return 0
 
