@@ -77,7 +77,8 @@ def candidate_world_sizes(local_world_size: int, max_world_size: int) -> list[in
 
 def smallest_world_size(tables: list[TableSpec], topology: Topology, batch_size: int,
                         global_batch: bool = False, max_world_size: int = 65536,
-                        sharding_types: tuple[str, ...] | None = None) -> PlanResult:
+                        sharding_types: tuple[str, ...] | None = None,
+                        ranks_per_host: int | None = None) -> PlanResult:
     """The plan at the smallest world size that fits ``tables``.
 
     Args:
@@ -85,11 +86,12 @@ def smallest_world_size(tables: list[TableSpec], topology: Topology, batch_size:
         topology: the kind of rank (its world size is ignored; ranks per host are kept).
         batch_size: per rank, or global when ``global_batch``.
         max_world_size: give up beyond this.
+        ranks_per_host: ranks a host holds (default: the topology's local world size).
 
     Raises:
         PlanError: when nothing up to ``max_world_size`` fits (with the last reason).
     """
-    local = topology.local_world_size
+    local = ranks_per_host or topology.local_world_size
     previous_fail = 0
     last_error: PlanError | None = None
     for world in candidate_world_sizes(local, max_world_size):
@@ -117,10 +119,11 @@ def smallest_world_size(tables: list[TableSpec], topology: Topology, batch_size:
 
 def sweep_world_sizes(tables: list[TableSpec], topology: Topology, batch_size: int,
                       world_sizes: list[int], global_batch: bool = False,
-                      sharding_types: tuple[str, ...] | None = None) -> list[SweepPoint]:
+                      sharding_types: tuple[str, ...] | None = None,
+                      ranks_per_host: int | None = None) -> list[SweepPoint]:
     """Plan at each world size and report the estimated step time and memory."""
     points = []
-    local = topology.local_world_size
+    local = ranks_per_host or topology.local_world_size
     for world in world_sizes:
         topo = topology.with_world(world, local if world % local == 0 else world)
         points.append(_point(world, _try(tables, topo, batch_size, global_batch,

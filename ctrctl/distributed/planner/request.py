@@ -222,12 +222,15 @@ def run_plan(request: PlanRequest, tracker: Tracker | None = None) -> PlanOutcom
         forced = tuple(str(resolved["sharding_type"]).split(","))
     sweep: list[SweepPoint] = []
     if request.world_size is None:
+        # One CPU machine runs every rank unless told otherwise; GPUs come 8 to a host.
+        per_host = request.local_world_size or (
+            None if topology.device == "cuda" else 1 << 16)
         result = smallest_world_size(tables, topology, batch, global_batch,
-                                     sharding_types=forced)
+                                     sharding_types=forced, ranks_per_host=per_host)
         world = result.topology.world_size
         sizes = [world * f for f in (1, 2, 4, 8)]
         sweep = sweep_world_sizes(tables, result.topology, batch, sizes, global_batch,
-                                  sharding_types=forced)
+                                  sharding_types=forced, ranks_per_host=per_host)
     else:
         per_rank = max(batch // topology.world_size, 1) if global_batch else batch
         result = EmbeddingShardingPlanner(topology, per_rank, forced).plan(tables)
