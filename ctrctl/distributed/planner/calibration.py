@@ -9,9 +9,9 @@ short microbenchmarks here (well under a minute) and writes ``topology.json``:
   output) over the measured seconds, so the model reproduces the measurement. Without
   fbgemm_gpu, ``torch.nn.EmbeddingBag`` with a sparse update stands in.
 * **memory bandwidth**: a large tensor copy.
-* **sharding types**: the fixed cost per step of each sharding type (its collectives'
-  latency and its input/output distribution's own work), from the sharded module itself on
-  tiny tables.
+* **sharding types**: the fixed cost per step of each sharding type, and its cost per table
+  (collectives' latency, the input/output distribution's own work), from the sharded module
+  itself on 2 and on 6 tiny tables.
 * **collectives**: ``all_to_all_single``, ``reduce_scatter_tensor``,
   ``all_gather_into_tensor`` and ``all_reduce`` between two local processes over gloo; a
   small message gives the fixed latency, a large one the bandwidth (in the cost model's own
@@ -189,9 +189,10 @@ def measure_collectives(large_bytes: int = 16 * 2**20, small_bytes: int = 1024,
     return bandwidth, latency
 
 
-def measure_sharding_overheads(steps: int = 10) -> dict[str, float]:
-    """Seconds per step each sharding type costs on two ranks with tiny tables and batch:
-    what it adds whatever the tables (collective latency, bucketing, permutes, launches)."""
+def measure_sharding_overheads(steps: int = 10) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds per step each sharding type costs on two ranks with tiny tables and batch,
+    as a fixed part and a part per table (from runs with 2 and with 6 tables): what a type
+    adds whatever the tables' size (collective latency, bucketing, permutes, launches)."""
     from ctrctl.distributed.planner.measure import measure_many_body, table_payload
     from ctrctl.distributed.planner.planner import EmbeddingShardingPlanner
     from ctrctl.distributed.planner.types import TableConstraints, TableSpec
@@ -199,15 +200,23 @@ def measure_sharding_overheads(steps: int = 10) -> dict[str, float]:
     from ctrctl.testing.multiprocess import run_multiprocess
 
     topo = Topology.preset("cpu", 2, 2)
-    tiny = [TableSpec(f"tiny{i}", 64, 16, constraints=TableConstraints(min_col_block=8))
-            for i in range(2)]
     kinds = [t.value for t in ShardingType]
+    sizes = (2, 6)
     items = []
     for kind in kinds:
-        plan = EmbeddingShardingPlanner(topo, 16, (kind,)).plan(tiny).plan
-        items.append((table_payload(tiny), plan.to_dict(), 16, steps))
+        for n in sizes:
+            tiny = [TableSpec(f"tiny{i}", 64, 16, constraints=TableConstraints(min_col_block=8))
+                    for i in range(n)]
+            plan = EmbeddingShardingPlanner(topo, 16, (kind,)).plan(tiny).plan
+            items.append((table_payload(tiny), plan.to_dict(), 16, steps))
     times = run_multiprocess(measure_many_body, 2, args=(items,), timeout_s=300)
-    return {kind: max(rank[i] for rank in times) for i, kind in enumerate(kinds)}
+    fixed, per_table = {}, {}
+    for k, kind in enumerate(kinds):
+        small, large = (max(rank[2 * k + j] for rank in times) for j in range(2))
+        slope = max((large - small) / (sizes[1] - sizes[0]), 0.0)
+        per_table[kind] = slope
+        fixed[kind] = max(small - slope * sizes[0], 0.0)
+    return fixed, per_table
 
 
 def _memory_total() -> float:
@@ -250,17 +259,17 @@ def calibrate(path: str | Path | None = None, overwrite: bool = False,
     collective_bw, latency = measure_collectives(
         large_bytes=(4 if quick else 16) * 2**20, repeats=3 if quick else 7)
     try:
-        overheads = measure_sharding_overheads(steps=5 if quick else 10)
+        overheads, per_table = measure_sharding_overheads(steps=5 if quick else 10)
     except ImportError as exc:  # the sharded module is not available: latency model only
         logger.warning("sharding overheads not measured (%s)", exc)
-        overheads = {}
+        overheads, per_table = {}, {}
     seconds = time.perf_counter() - start
     topology = Topology.preset(
         "cpu", world_size=2, local_world_size=2, ddr_bytes=_memory_total() / 2,
         ddr_bw=memory_bw,
         intra_host_bw=collective_bw["all_to_all"], kernel_fwd_bw=fwd_bw,
         kernel_bwd_bw=bwd_bw, collective_bw=collective_bw, collective_latency_s=latency,
-        sharding_overhead_s=overheads,
+        sharding_overhead_s=overheads, sharding_overhead_per_table_s=per_table,
         calibrated={"host": os.uname().nodename, "seconds": seconds,
                     "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "threads_per_rank": 1, "torch": torch.__version__,

@@ -29,6 +29,8 @@ Example:
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -239,19 +241,31 @@ def price_kernels(options: list[ShardingOption], topology: Topology, batch_size:
     return options
 
 
-def step_overhead(sharding_types: set[str], topology: Topology) -> float:
-    """Fixed per-step latency of the collectives a plan uses (the same on every rank).
+def step_overhead(tables_by_type: Mapping[str, int] | Iterable[str],
+                  topology: Topology) -> float:
+    """Fixed per-step time of the sharding types a plan uses (the same on every rank).
 
     Tables of one sharding type share their collectives, so each type in use adds its own
     calls: input ids and outputs forward, gradients backward. A calibrated topology carries
-    each type's measured fixed cost instead.
+    each type's measured fixed cost and its cost per table (the per-table work of the input
+    and output distribution) instead.
+
+    Args:
+        tables_by_type: sharding type -> number of tables, or the types (one per table).
     """
     if topology.world_size == 1:
         return 0.0
+    counts = tables_by_type if isinstance(tables_by_type, Mapping) else Counter(tables_by_type)
     calls = {ShardingType.DATA_PARALLEL.value: 1, ShardingType.TABLE_ROW_WISE.value: 4}
     measured = topology.sharding_overhead_s
-    return sum(measured[t] if t in measured else topology.collective_latency_s * calls.get(t, 3)
-               for t in sharding_types)
+    per_table = topology.sharding_overhead_per_table_s
+    total = 0.0
+    for kind, n in counts.items():
+        if n <= 0:
+            continue
+        total += measured.get(kind, topology.collective_latency_s * calls.get(kind, 3))
+        total += per_table.get(kind, 0.0) * n
+    return total
 
 
 def lower_bound_step_time(options: list[list[ShardingOption]], world_size: int) -> float:

@@ -100,7 +100,7 @@ def _score(placements: list[Placement], topology: Topology) -> float:
     state = RankState(topology)
     for p in placements:
         state.add(p)
-    types = {p.option.sharding_type for p in placements}
+    types = [p.option.sharding_type for p in placements]
     return float(state.load.max()) + step_overhead(types, topology)
 
 
@@ -109,7 +109,7 @@ def build_result(placements: list[Placement], topology: Topology, batch_size: in
     """Turn placements into a :class:`PlanResult` with its :class:`ShardingPlan`."""
     world = topology.world_size
     cost, hbm, ddr = _rank_arrays(placements, world)
-    overhead = step_overhead({p.option.sharding_type for p in placements}, topology)
+    overhead = step_overhead([p.option.sharding_type for p in placements], topology)
     tables: dict[str, ParameterSharding] = {}
     for p in placements:
         o = p.option

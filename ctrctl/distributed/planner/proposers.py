@@ -51,7 +51,7 @@ class Failure:
 
 
 def _candidates(options: list[ShardingOption], state: RankState, world: int,
-                remaining: float, current_max: float, types: set[str]
+                remaining: float, current_max: float, types: Counter[str]
                 ) -> tuple[tuple[float, float, float], Placement] | None:
     """The best placement over ``options`` by the bound, or None when none fits.
 
@@ -71,7 +71,7 @@ def _candidates(options: list[ShardingOption], state: RankState, world: int,
         touched = _touched_max(state, placement)
         bound = max(current_max, touched,
                     (state.total + option.total_cost + remaining) / world
-                    ) + step_overhead(types | {option.sharding_type}, topology)
+                    ) + step_overhead(types + Counter({option.sharding_type: 1}), topology)
         score = (bound, option.total_cost, touched)
         if best is None or score < best[0]:
             best = (score, placement)
@@ -115,7 +115,7 @@ class GreedyProposer(Proposer):
         remaining = float(sum(cheapest))
         placements: list[Placement | None] = [None] * len(options)
         current_max = 0.0
-        types: set[str] = set()
+        types: Counter[str] = Counter()
         for index in order:
             remaining -= cheapest[index]
             best = _candidates(options[index], state, world, remaining, current_max, types)
@@ -125,7 +125,7 @@ class GreedyProposer(Proposer):
             placement = best[1]
             state.add(placement)
             current_max = max(current_max, float(state.load[placement.ranks].max()))
-            types.add(placement.option.sharding_type)
+            types[placement.option.sharding_type] += 1
             placements[index] = placement
         self.failure = None
         return [p for p in placements if p is not None]
@@ -210,7 +210,7 @@ def improve(placements: list[Placement], options: list[list[ShardingOption]],
         slowest = int(np.argmax(state.load))
         top = float(state.load[slowest])
         limit = top * (1 - _EPS) - 1e-15
-        overhead = step_overhead(set(type_counts), topology)
+        overhead = step_overhead(type_counts, topology)
         objective = top + overhead
         tables = sorted(by_rank.get(slowest, set()) | {i for i in spread
                                                         if slowest in placements[i].ranks},
@@ -221,7 +221,7 @@ def improve(placements: list[Placement], options: list[list[ShardingOption]],
             old = placements[i]
             state.remove(old)
             type_counts[old.option.sharding_type] -= 1
-            others = {t for t, n in type_counts.items() if n > 0}
+            others = +type_counts  # without zero counts
             best: tuple[tuple[float, float], Placement] | None = None
             for option in options[i]:
                 budget -= 1
@@ -232,7 +232,8 @@ def improve(placements: list[Placement], options: list[list[ShardingOption]],
                 after = state.load.copy()
                 np.add.at(after, placement.ranks, option.cost)
                 touched = float(after[placement.ranks].max())
-                new_overhead = step_overhead(others | {option.sharding_type}, topology)
+                new_overhead = step_overhead(others + Counter({option.sharding_type: 1}),
+                                             topology)
                 if new_overhead > overhead:
                     # A new sharding type adds collectives: only worth it if the step gets
                     # faster as a whole.

@@ -68,6 +68,8 @@ class Topology:
         sharding_overhead_s: measured fixed seconds per step that using a sharding type
             adds (its collectives' latency plus the input/output distribution's own work);
             when set it replaces the latency model of each type.
+        sharding_overhead_per_table_s: measured further seconds per step per table of
+            each sharding type (its share of the distribution's bookkeeping).
         calibrated: where the figures came from (empty: defaults).
     """
 
@@ -90,6 +92,7 @@ class Topology:
     kernel_bwd_bw: dict[str, float] = field(default_factory=dict)
     collective_bw: dict[str, float] = field(default_factory=dict)
     sharding_overhead_s: dict[str, float] = field(default_factory=dict)
+    sharding_overhead_per_table_s: dict[str, float] = field(default_factory=dict)
     calibrated: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -105,7 +105,7 @@ def _fastest_option_greedy(tables: list[TableSpec], topo: Topology, batch: int) 
     for p in placements:
         for r, c in zip(p.ranks.tolist(), p.option.cost.tolist(), strict=True):
             load[r] += c
-    return max(load) + step_overhead({p.option.sharding_type for p in placements}, topo)
+    return max(load) + step_overhead([p.option.sharding_type for p in placements], topo)
 
 
 @pytest.mark.parametrize(("name", "tables", "world", "strictly"), [
