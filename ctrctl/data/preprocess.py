@@ -53,7 +53,14 @@ from ctrctl.data.transforms import (
     random_unit,
     sparse_kinds,
 )
-from ctrctl.data.vocab import VOCAB_DIR, build_vocabs, encode, load_vocabs, save_vocabs
+from ctrctl.data.vocab import (
+    VOCAB_DIR,
+    build_vocabs,
+    encode,
+    encode_file,
+    load_vocabs,
+    save_vocabs,
+)
 from ctrctl.errors import ConfigError, InputDataError, OutputExistsError
 from ctrctl.progress import Progress
 from ctrctl.tracking import Tracker
@@ -302,13 +309,12 @@ def _run(
     t0 = time.perf_counter()
     kinds = sparse_kinds(schema)
     vocab_features = [n for n, (_, size, _) in kinds.items() if size is None]
+    # Vocabulary features are staged as keys and encoded in a second, batched pass.
+    staged = bool(vocab_features)
+    vocabs: dict[str, pl.DataFrame] = {}
     if followed is not None:
         _check_polars_version(followed, kinds)
         vocabs = load_vocabs(Path(followed_dir or "."), vocab_features)
-        staged = False
-    else:
-        vocabs = {}
-        staged = bool(vocab_features)
     # Input hashes are computed beside the parse (hashlib releases the GIL).
     hasher = ThreadPoolExecutor(max_workers=1)
     digests = {s.path: hasher.submit(file_digest, s.path) for s in sources}
@@ -334,21 +340,21 @@ def _run(
 
     if staged:
         t0 = time.perf_counter()
-        train_parts = [t.path for j in jobs for t in j.targets if t.split == "train"]
-        if not train_parts:
-            raise ConfigError("vocabulary mode needs a train split to count values on",
-                              hint="add --input train=PATH or reuse a dataset's transforms")
-        min_counts = {c.name: c.min_count for c in schema.sparse if c.min_count is not None}
-        multi = {n: m for n, (_, _, m) in kinds.items()}
-        vocabs = build_vocabs(train_parts, min_counts, multi)
+        if followed is None:
+            train_parts = [t.path for j in jobs for t in j.targets if t.split == "train"]
+            if not train_parts:
+                raise ConfigError("vocabulary mode needs a train split to count values on",
+                                  hint="add --input train=PATH or reuse a dataset's transforms")
+            min_counts = {c.name: c.min_count for c in schema.sparse if c.min_count is not None}
+            multi = {n: m for n, (_, _, m) in kinds.items()}
+            vocabs = build_vocabs(train_parts, min_counts, multi)
         timings["vocab"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         for job in jobs:
             for target in job.targets:
                 final = temp / target.path.relative_to(stage_dir)
                 final.parent.mkdir(parents=True, exist_ok=True)
-                encode(pl.scan_parquet(target.path), kinds, vocabs).sink_parquet(
-                    final, compression=COMPRESSION, row_group_size=row_group_size)
+                encode_file(target.path, final, kinds, vocabs, row_group_size, COMPRESSION)
                 target.path = final
         shutil.rmtree(stage_dir)
         timings["encode"] = time.perf_counter() - t0

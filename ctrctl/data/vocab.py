@@ -108,7 +108,7 @@ def encode(
         if size is not None:
             continue
         vocab = vocabs[name].with_columns(pl.col("value").cast(KEY_DTYPES[kind]))
-        # A hash lookup per column (null keys included); default 0 is out-of-vocabulary.
+        # Keys not in the vocabulary (null keys match null) get id 0, out-of-vocabulary.
         if multi:
             looked_up.append(pl.col(name).list.eval(
                 pl.element().replace_strict(vocab["value"], vocab["id"], default=0,
@@ -119,6 +119,35 @@ def encode(
     if looked_up:
         frame = frame.with_columns(looked_up)
     return frame
+
+
+def encode_file(
+    source: Path,
+    target: Path,
+    kinds: Mapping[str, tuple[str, int | None, bool]],
+    vocabs: Mapping[str, pl.DataFrame],
+    row_group_size: int,
+    compression: str,
+) -> None:
+    """Encode a staged Parquet file one row group at a time into ``target``.
+
+    Batch by batch because a vocabulary lookup (``replace_strict``) inside a streaming query
+    holds the whole input in memory; here memory is one batch plus the vocabularies.
+    """
+    import pyarrow.parquet as pq
+
+    writer: pq.ParquetWriter | None = None
+    try:
+        for batch in pq.ParquetFile(source).iter_batches(batch_size=row_group_size):
+            frame = pl.from_arrow(batch)
+            assert isinstance(frame, pl.DataFrame)
+            table = encode(frame.lazy(), kinds, vocabs).collect().to_arrow()
+            if writer is None:
+                writer = pq.ParquetWriter(target, table.schema, compression=compression)
+            writer.write_table(table, row_group_size=row_group_size)
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def num_embeddings(
