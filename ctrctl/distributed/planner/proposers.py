@@ -223,11 +223,16 @@ def improve(placements: list[Placement], options: list[list[ShardingOption]],
             type_counts[old.option.sharding_type] -= 1
             others = +type_counts  # without zero counts
             best: tuple[tuple[float, float], Placement] | None = None
+            fitting_shapes: set[tuple[str, int]] = set()
             for option in options[i]:
+                shape = (option.sharding_type, option.num_shards)
+                if shape in fitting_shapes and option.pending is not None:
+                    continue  # a faster kernel of this shape fits: the slower one cannot win
                 budget -= 1
                 found = best_placement(state, option)
                 if found is None:
                     continue
+                fitting_shapes.add(shape)
                 placement = found
                 after = state.load.copy()
                 np.add.at(after, placement.ranks, option.cost)
