@@ -1,13 +1,76 @@
-"""ctrctl: click-through-rate pipelines from raw logs to a sharded, quantized model.
+"""ctrctl: click-through-rate pipelines from raw logs to a sharded, trained, evaluated model.
 
-The Python API mirrors the CLI; each command is a thin wrapper over a function here.
-Importing ctrctl has no side effects: nothing touches torch.distributed, MLflow or the disk.
+Every CLI command is a thin wrapper over a function reachable from here, so a notebook needs
+no typer. Names are loaded on first use: ``import ctrctl`` stays fast and has no side effects
+(nothing touches torch.distributed, MLflow or the disk).
+
+Example:
+    >>> import ctrctl
+    >>> ctrctl.synthesize("logs", rows=100_000)                       # ctrctl synth
+    >>> ctrctl.preprocess("schemas/criteo_vocab.yaml",
+    ...                   ["train=logs/train.tsv", "val=logs/val.tsv"], "dataset")
+    >>> cfg = ctrctl.load_config("pipelines/demo.yaml", ["training.epochs=1"])
+    >>> ctrctl.train("dataset", "run", cfg)                           # ctrctl train
+    >>> ctrctl.evaluate(checkpoint="run", dataset="dataset", split="val", out="eval")
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from ctrctl.errors import CtrctlError
 
 __version__ = "0.1.0"
 
-__all__ = ["CtrctlError", "__version__"]
+#: public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    # data
+    "synthesize": "ctrctl.data.synthetic",
+    "preprocess": "ctrctl.data.preprocess",
+    "load_schema": "ctrctl.data.schema",
+    "Schema": "ctrctl.data.schema",
+    "DatasetManifest": "ctrctl.data.manifest",
+    "BatchLoader": "ctrctl.data.dataset",
+    "Batch": "ctrctl.data.batch",
+    # config
+    "load_config": "ctrctl.config",
+    "PipelineConfig": "ctrctl.config",
+    # sparse + modules
+    "JaggedTensor": "ctrctl.sparse",
+    "KeyedJaggedTensor": "ctrctl.sparse",
+    "KeyedTensor": "ctrctl.sparse",
+    "EmbeddingBagConfig": "ctrctl.modules",
+    "EmbeddingBagCollection": "ctrctl.modules",
+    "EmbeddingOptimizerConfig": "ctrctl.modules",
+    "DLRM": "ctrctl.modules",
+    # distributed
+    "ShardingPlan": "ctrctl.distributed.types",
+    "ShardingType": "ctrctl.distributed.types",
+    "DistributedModelParallel": "ctrctl.distributed.model_parallel",
+    "shard": "ctrctl.distributed.model_parallel",
+    "EmbeddingShardingPlanner": "ctrctl.distributed.planner",
+    "Topology": "ctrctl.distributed.planner",
+    # training, evaluation
+    "train": "ctrctl.training.loop",
+    "load_model": "ctrctl.training.predict",
+    "predict_split": "ctrctl.training.predict",
+    "evaluate": "ctrctl.evaluation",
+    # tracking
+    "make_tracker": "ctrctl.tracking",
+}
+
+__all__ = ["CtrctlError", "__version__", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ctrctl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
