@@ -19,7 +19,7 @@ COMMANDS: tuple[str, ...] = ("synth", "preprocess", "plan", "train", "eval")
 
 app = typer.Typer(
     name="ctrctl",
-    help="Click-through-rate pipelines: raw logs to a trained, evaluated, quantized, sharded model.",
+    help="Click-through-rate pipelines: raw logs to a sharded, trained and evaluated model.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
