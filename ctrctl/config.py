@@ -37,6 +37,7 @@ __all__ = [
     "PipelineConfig",
     "PlanConfig",
     "PreprocessConfig",
+    "TableConstraintConfig",
     "TrainingConfig",
     "apply_overrides",
     "load_config",
@@ -57,7 +58,8 @@ class ModelConfig(_Section):
     Attributes:
         embedding_dim: width of every embedding table; the dense arch ends at this width so
             the dense vector can interact with the embeddings.
-        dense_arch: layer sizes of the bottom MLP over the dense features.
+        dense_arch: layer sizes of the bottom MLP over the dense features. A dataset without
+            dense features (Avazu) has no bottom MLP and ignores it; ``[]`` says so.
         over_arch: layer sizes of the top MLP; the last is 1 (the logit).
         interaction: ``dot`` (pairwise dot products, DLRM) or ``dcn`` (DCNv2 cross layers).
         dcn_layers: number of cross layers when ``interaction: dcn``.
@@ -73,9 +75,9 @@ class ModelConfig(_Section):
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
-        if not self.dense_arch or any(size <= 0 for size in self.dense_arch):
-            raise ValueError("dense_arch must be a non-empty list of positive sizes")
-        if self.dense_arch[-1] != self.embedding_dim:
+        if any(size <= 0 for size in self.dense_arch):
+            raise ValueError("dense_arch must be a list of positive sizes")
+        if self.dense_arch and self.dense_arch[-1] != self.embedding_dim:
             raise ValueError(
                 f"dense_arch must end at embedding_dim ({self.embedding_dim}) so the dense "
                 f"vector can interact with the embeddings, but ends at {self.dense_arch[-1]}"
@@ -174,6 +176,45 @@ class PreprocessConfig(_Section):
     out: str | None = None
 
 
+class TableConstraintConfig(_Section):
+    """What the planner may do with one table (every key optional; absent: no limit).
+
+    Attributes:
+        sharding_types: allowed sharding types (``row_wise``, ``table_wise`` ...).
+        compute_kernels: allowed compute kernels (``fused``, ``fused_uvm_caching`` ...).
+        min_col_block: narrowest column block for column-wise sharding.
+        ranks: the only ranks that may hold the table's shards.
+        cache_load_factor: fraction of rows a ``fused_uvm_caching`` table keeps on device.
+
+    Example:
+        >>> TableConstraintConfig.model_validate({"sharding_types": ["row_wise"]}).ranks
+    """
+
+    sharding_types: tuple[str, ...] | None = None
+    compute_kernels: tuple[str, ...] | None = None
+    min_col_block: int | None = Field(default=None, gt=0)
+    ranks: tuple[int, ...] | None = None
+    cache_load_factor: float | None = Field(default=None, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _check_names(self) -> TableConstraintConfig:
+        from ctrctl.distributed.types import ComputeKernel, ShardingType
+
+        for key, values, known in (
+                ("sharding_types", self.sharding_types, [t.value for t in ShardingType]),
+                ("compute_kernels", self.compute_kernels, [k.value for k in ComputeKernel])):
+            unknown = sorted(set(values or ()) - set(known))
+            if unknown:
+                raise ValueError(f"unknown {key} {unknown}; use some of {known}")
+        if any(rank < 0 for rank in self.ranks or ()):
+            raise ValueError(f"ranks must be >= 0, got {list(self.ranks or ())}")
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        """The keys that were set, as plain values (what the planner's tables take)."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
 class PlanConfig(_Section):
     """``ctrctl plan`` settings a pipeline can carry.
 
@@ -182,12 +223,16 @@ class PlanConfig(_Section):
         local_world_size: ranks per host (default: all on one host).
         device: ``cpu`` or ``cuda`` topology.
         sharding_types: allowed sharding types (empty: all).
+        constraints: per-table limits by table name (the sparse feature's name for a
+            dataset), e.g. ``{C1: {sharding_types: [row_wise], ranks: [0, 1]}}``; a name
+            that is not a table is an error when planning.
     """
 
     world_size: int = Field(default=1, ge=1)
     local_world_size: int | None = Field(default=None, ge=1)
     device: Literal["cpu", "cuda"] = "cpu"
     sharding_types: tuple[str, ...] = ()
+    constraints: dict[str, TableConstraintConfig] = dict()
 
 
 class EvalConfig(_Section):

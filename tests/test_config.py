@@ -100,3 +100,40 @@ def test_round_trip_through_dict() -> None:
     cfg = load_config(ROOT / "pipelines" / "dcn.yaml")
     again = PipelineConfig.model_validate(cfg.to_dict())
     assert again == cfg
+
+
+def test_plan_constraints_are_typed(tmp_path: Path) -> None:
+    path = tmp_path / "plan.yaml"
+    path.write_text("plan:\n  constraints:\n"
+                    "    C1: {sharding_types: [row_wise], ranks: [0, 1], min_col_block: 8}\n"
+                    "    C2: {compute_kernels: [fused_uvm_caching], cache_load_factor: 0.2}\n")
+    cons = load_config(path).plan.constraints
+    assert cons["C1"].sharding_types == ("row_wise",) and cons["C1"].ranks == (0, 1)
+    assert cons["C2"].as_dict() == {"compute_kernels": ["fused_uvm_caching"],
+                                    "cache_load_factor": 0.2}
+    assert load_config(None).plan.constraints == {}
+
+
+@pytest.mark.parametrize("entry, needle", [
+    ("{sharding_type: [row_wise]}", "unknown key 'plan.constraints.C1.sharding_type'"),
+    ("{sharding_types: [diagonal]}", "diagonal"),
+    ("{compute_kernels: [magic]}", "magic"),
+    ("{cache_load_factor: 1.5}", "plan.constraints.C1.cache_load_factor"),
+    ("{min_col_block: 0}", "plan.constraints.C1.min_col_block"),
+    ("{ranks: [-1]}", "ranks must be >= 0"),
+])
+def test_bad_plan_constraints_name_the_key_and_line(tmp_path: Path, entry: str,
+                                                     needle: str) -> None:
+    path = tmp_path / "plan.yaml"
+    path.write_text(f"plan:\n  constraints:\n    C1: {entry}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert needle in str(info.value)
+    assert f"{path}:" in str(info.value)
+
+
+def test_empty_dense_arch_is_allowed_for_datasets_without_dense_features() -> None:
+    cfg = load_config(None, ["model.dense_arch=[]", "model.embedding_dim=8"])
+    assert cfg.model.dense_arch == ()
+    with pytest.raises(ConfigError, match="positive"):
+        load_config(None, ["model.dense_arch=[0, 16]"])

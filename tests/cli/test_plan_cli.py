@@ -144,3 +144,48 @@ def test_plan_from_a_pipeline_config(tmp_path: Path) -> None:
     assert plan.topology["dense_bytes"] == 4 * (3 * params + 2 * 128 * (16 + 8 + 64 + 1 + 14))
     # adagrad keeps one float per element: 100,000 x 8 weights + as much state, at least
     assert plan.tables["C1"].storage_bytes >= 2 * 100_000 * 8 * 4
+
+
+def test_plan_config_constraints_apply_per_table(tmp_path: Path) -> None:
+    config = tmp_path / "pipe.yaml"
+    config.write_text("model: {embedding_dim: 8, dense_arch: [16, 8]}\n"
+                      "training: {batch_size: 256}\n"
+                      "plan:\n"
+                      "  world_size: 2\n"
+                      "  device: cpu\n"
+                      "  constraints:\n"
+                      "    C1: {sharding_types: [row_wise]}\n"
+                      "    C3: {sharding_types: [table_wise], ranks: [1]}\n")
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--config", str(config), "--dataset", str(_dataset(tmp_path / "ds")),
+                 "--out", str(out), "--no-track"]) == 0
+    plan = ShardingPlan.load(out)
+    plan.validate({"C1": (100_000, 8), "C2": (500, 8), "C3": (20_000, 8)})
+    assert plan.tables["C1"].sharding_type == "row_wise"
+    assert plan.tables["C3"].sharding_type == "table_wise"
+    assert plan.tables["C3"].ranks == [1]
+
+
+def test_plan_config_constraints_on_a_tables_file(tmp_path: Path) -> None:
+    config = tmp_path / "pipe.yaml"
+    config.write_text("plan: {constraints: {t1: {sharding_types: [column_wise],"
+                      " min_col_block: 16}}}\n")
+    out = tmp_path / "plan.json"
+    tables = str(_tables_yaml(tmp_path / "t.yaml", rows=(1000, 2000), dim=32))
+    assert main(["plan", "--config", str(config), "--tables", tables, "--world-size", "2",
+                 "--device", "cpu", "--out", str(out), "--no-track"]) == 0
+    plan = ShardingPlan.load(out)
+    assert plan.tables["t1"].sharding_type == "column_wise"
+    assert all(s.cols >= 16 for s in plan.tables["t1"].shards)
+
+
+def test_plan_config_constraints_naming_an_unknown_table(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "pipe.yaml"
+    config.write_text("plan: {constraints: {C9: {ranks: [0]}}}\n")
+    code = main(["plan", "--config", str(config), "--dataset", str(_dataset(tmp_path / "ds")),
+                 "--out", str(tmp_path / "plan.json"), "--no-track"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "error:" in err and "'C9'" in err and "plan.constraints" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "plan.json").exists()

@@ -26,7 +26,11 @@ from ctrctl.distributed.planner.capacity import (
 )
 from ctrctl.distributed.planner.planner import EmbeddingShardingPlanner, PlanResult
 from ctrctl.distributed.planner.stats import plan_summary, summary_metrics
-from ctrctl.distributed.planner.tables import tables_from_manifest, tables_from_yaml
+from ctrctl.distributed.planner.tables import (
+    constraints_from_dict,
+    tables_from_manifest,
+    tables_from_yaml,
+)
 from ctrctl.distributed.planner.topology import GIB, Topology
 from ctrctl.distributed.planner.types import TableSpec
 from ctrctl.distributed.types import ShardingType
@@ -94,17 +98,20 @@ def dense_model_bytes(cfg: Any, num_dense: int, num_tables: int, batch_per_rank:
     optimizer state of both MLPs, and their activations (forward and gradient) for a batch.
 
     The top MLP reads the dense vector plus one dot product per pair of the ``F + 1``
-    vectors (DLRM's dot interaction), or ``(F + 1) x dim`` features for DCN.
+    vectors (DLRM's dot interaction), or ``(F + 1) x dim`` features for DCN; without dense
+    features, the pairs of the ``F`` embeddings (or ``F x dim``) alone.
     """
     model = cfg.model
     dim = model.embedding_dim
-    vectors = num_tables + 1
+    # Without dense features there is no bottom MLP and no dense vector to interact.
+    vectors = num_tables + 1 if num_dense else num_tables
     if model.interaction == "dot":
-        top_in = dim + vectors * (vectors - 1) // 2
+        top_in = vectors * (vectors - 1) // 2 + (dim if num_dense else 0)
     else:
         top_in = vectors * dim
     params, widths = 0, 0
-    for first, layers in ((max(num_dense, 1), model.dense_arch), (top_in, model.over_arch)):
+    arches = ([(num_dense, model.dense_arch)] if num_dense else []) + [(top_in, model.over_arch)]
+    for first, layers in arches:
         previous = first
         for width in layers:
             params += previous * width + width
@@ -112,6 +119,29 @@ def dense_model_bytes(cfg: Any, num_dense: int, num_tables: int, batch_per_rank:
             previous = width
     states = {"adagrad": 1, "adam": 2, "sgd": 0}.get(cfg.dense_optimizer.kind, 2)
     return 4.0 * (params * (2 + states) + 2 * batch_per_rank * (widths + top_in))
+
+
+def _with_config_constraints(tables: list[TableSpec], cfg: Any, where: str
+                             ) -> list[TableSpec]:
+    """The tables with the config's ``plan.constraints`` in place of their own, by name.
+
+    Raises:
+        ConfigError: when a constraint names a table that is not planned, or is invalid.
+    """
+    wanted = cfg.plan.constraints
+    if not wanted:
+        return tables
+    names = [t.name for t in tables]
+    unknown = sorted(set(wanted) - set(names))
+    if unknown:
+        shown = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "")
+        raise ConfigError(f"plan.constraints name tables that are not planned: "
+                          f"{', '.join(repr(u) for u in unknown)}",
+                          where=where, hint=f"tables: {shown}")
+    by_name = {name: constraints_from_dict(c.as_dict(), f"{where}: plan.constraints.{name}")
+               for name, c in wanted.items()}
+    return [dataclasses.replace(t, constraints=by_name[t.name]) if t.name in by_name else t
+            for t in tables]
 
 
 def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool,
@@ -151,6 +181,8 @@ def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool
         manifest = DatasetManifest.load(dataset)
         tables = tables_from_manifest(manifest, embedding_dim=dim, optimizer=optimizer)
         num_dense = len(manifest.dense)
+    if cfg is not None:
+        tables = _with_config_constraints(tables, cfg, str(request.config))
 
     world = request.world_size
     auto = world is None
