@@ -211,7 +211,7 @@ def mlflow_server(tmp_path: Path) -> Iterator[str]:
             proc.wait()
 
 
-@pytest.mark.slow  # starting the server takes 15-60 s on 2 shared cores
+# Part of the default suite on purpose: it is the one check against a real server (15-60 s).
 def test_synth_tracked_to_a_real_mlflow_server(tmp_path: Path, mlflow_server: str) -> None:
     from mlflow.tracking import MlflowClient
 
