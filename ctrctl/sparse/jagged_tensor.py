@@ -34,7 +34,7 @@ Example:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -552,52 +552,37 @@ class KeyedJaggedTensor:
             length_per_key=[n for k in kjts for n in k.length_per_key()],
         )
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> KeyedJaggedTensor:
-        """A copy on ``device`` (cached per-key counts are kept, no sync)."""
+    def _map_tensors(
+        self, fn: Callable[[torch.Tensor], torch.Tensor]
+    ) -> KeyedJaggedTensor:
+        """The same KJT with ``fn`` applied to every tensor (cached per-key counts kept)."""
 
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device, non_blocking=non_blocking)
+        def apply(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else fn(t)
 
         inverse = None
         if self._inverse_indices is not None:
-            inverse = (
-                self._inverse_indices[0],
-                self._inverse_indices[1].to(device, non_blocking=non_blocking),
-            )
+            inverse = (self._inverse_indices[0], fn(self._inverse_indices[1]))
         return KeyedJaggedTensor(
             keys=self._keys,
-            values=move(self._values),  # type: ignore[arg-type]
-            weights=move(self._weights),
-            lengths=move(self._lengths),
-            offsets=move(self._offsets),
+            values=fn(self._values),
+            weights=apply(self._weights),
+            lengths=apply(self._lengths),
+            offsets=apply(self._offsets),
             stride=self._stride,
             stride_per_key_per_rank=self._stride_per_key_per_rank,
             inverse_indices=inverse,
             length_per_key=self._length_per_key,
             offset_per_key=self._offset_per_key,
         )
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> KeyedJaggedTensor:
+        """A copy on ``device`` (cached per-key counts are kept, no sync)."""
+        return self._map_tensors(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> KeyedJaggedTensor:
         """A copy in page-locked memory (for asynchronous host-to-GPU copies)."""
-
-        def pin(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.pin_memory()
-
-        inverse = None
-        if self._inverse_indices is not None:
-            inverse = (self._inverse_indices[0], self._inverse_indices[1].pin_memory())
-        return KeyedJaggedTensor(
-            keys=self._keys,
-            values=pin(self._values),  # type: ignore[arg-type]
-            weights=pin(self._weights),
-            lengths=pin(self._lengths),
-            offsets=pin(self._offsets),
-            stride=self._stride,
-            stride_per_key_per_rank=self._stride_per_key_per_rank,
-            inverse_indices=inverse,
-            length_per_key=self._length_per_key,
-            offset_per_key=self._offset_per_key,
-        )
+        return self._map_tensors(lambda t: t.pin_memory())
 
     def record_stream(self, stream: torch.cuda.Stream) -> None:
         for t in (self._values, self._weights, self._lengths, self._offsets):
