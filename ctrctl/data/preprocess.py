@@ -43,7 +43,12 @@ from ctrctl.data.readers import (
     scan_input,
 )
 from ctrctl.data.schema import Schema, load_schema
-from ctrctl.data.stats import EXACT_CARDINALITY_ROWS, dataset_features, locate_bad_row
+from ctrctl.data.stats import (
+    EXACT_CARDINALITY_ROWS,
+    RowCounter,
+    dataset_features,
+    locate_bad_row,
+)
 from ctrctl.data.transforms import (
     BAD,
     BAD_REASONS,
@@ -411,6 +416,10 @@ def _stream_job(
     progress: Progress,
 ) -> dict[str, dict[str, int]]:
     """Stream one input to its Parquet parts; returns per-split counts."""
+    possible = _possible_splits(job)
+    if len(possible) == 1:
+        return _stream_one_split(schema, job, possible[0], kinds, vocabs, staged, on_bad_rows,
+                                 row_group_size, progress)
     columns, bad = parsed_columns(schema)
     names = [c.meta.output_name() for c in columns]
     assert job.split_expr is not None
@@ -428,8 +437,6 @@ def _stream_job(
     data = kept.select(*names, SPLIT)
     if not staged:  # ids now; staged keys get theirs once the vocabularies are counted
         data = encode(data, kinds, vocabs)
-    # Splits this input may feed: a literal split expression feeds exactly one.
-    possible = _possible_splits(job)
     sinks = []
     for target in job.targets:
         if target.split not in possible:
@@ -447,10 +454,7 @@ def _stream_job(
         pl.col(ROW).filter(~good).min().alias("first_bad"),
         *[pl.col(f"__missing.{c.name}").filter(good).sum() for c in schema.dense],
     ]
-    if len(possible) == 1:  # one split: a plain aggregation, cheaper than a group-by
-        summary = frame.select(*aggregates, pl.lit(possible[0]).alias(SPLIT))
-    else:
-        summary = frame.group_by(SPLIT).agg(aggregates)
+    summary = frame.group_by(SPLIT).agg(aggregates)
     try:
         results = pl.collect_all([*sinks, summary.lazy()], engine="streaming")
     except pl.exceptions.PolarsError as exc:
@@ -469,6 +473,54 @@ def _stream_job(
             target.path.unlink(missing_ok=True)
             job.targets.remove(target)
     return counts
+
+
+def _stream_one_split(
+    schema: Schema,
+    job: _Job,
+    split: str,
+    kinds: dict[str, tuple[str, int | None, bool]],
+    vocabs: dict[str, pl.DataFrame],
+    staged: bool,
+    on_bad_rows: BadRows,
+    row_group_size: int,
+    progress: Progress,
+) -> dict[str, dict[str, int]]:
+    """Stream an input that feeds one split: one pass that parses, counts and writes.
+
+    The counts ride on the write (:class:`RowCounter` on the label column), so the input is
+    parsed once; the row number is only looked for when a malformed row stops the run.
+    """
+    columns, bad = parsed_columns(schema)
+    names = [c.meta.output_name() for c in columns]
+    missing = [pl.col(c.name).is_null().alias(f"__missing.{c.name}") for c in schema.dense]
+    counter = RowCounter(schema.label, BAD_REASONS, [m.meta.output_name() for m in missing],
+                         progress)
+    label = pl.struct(columns[0], bad, *missing).map_batches(
+        counter, return_dtype=pl.Int8, is_elementwise=True).alias(schema.label)
+    frame = job.scan.plain.select(label, *columns[1:], bad)
+    if on_bad_rows == "skip":
+        frame = frame.filter(pl.col(BAD) == 0)
+    data = frame.select(*names)
+    if not staged:
+        data = encode(data, kinds, vocabs)
+    target = next(t for t in job.targets if t.split == split)
+    job.targets = [target]
+    target.path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        data.sink_parquet(target.path, compression=COMPRESSION, row_group_size=row_group_size)
+    except pl.exceptions.PolarsError as exc:
+        raise InputDataError(f"cannot read input: {exc}", where=str(job.source.path)) from exc
+    counts = dict(counter.totals)
+    bad_rows = sum(counts[r] for r in BAD_REASONS)
+    if bad_rows and on_bad_rows == "error":
+        first = job.scan.frame.select(pl.col(ROW).filter(bad != 0).min()).collect(
+            engine="streaming").item()
+        raise locate_bad_row(schema, job.scan, job.source.path, int(first), bad_rows)
+    if counts["rows"] == 0:
+        target.path.unlink(missing_ok=True)
+        job.targets = []
+    return {split: counts}
 
 
 def _possible_splits(job: _Job) -> tuple[str, ...]:

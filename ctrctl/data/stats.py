@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -18,9 +19,10 @@ import polars as pl
 from ctrctl.data.manifest import DatasetManifest, DenseFeature, SparseFeature
 from ctrctl.data.readers import ScannedInput, raw_row
 from ctrctl.data.schema import Schema
-from ctrctl.data.transforms import EXTRA, dense_value, derived_key, label_value, sparse_key
+from ctrctl.data.transforms import BAD, EXTRA, dense_value, derived_key, label_value, sparse_key
 from ctrctl.data.vocab import num_embeddings
 from ctrctl.errors import InputDataError
+from ctrctl.progress import Progress
 
 #: Cardinality is exact up to this many rows and a HyperLogLog estimate (~1% error) above,
 #: where an exact distinct count over every sparse column costs more than the parse.
@@ -115,3 +117,43 @@ def locate_bad_row(
                 where=f"{path}:{line}:{names.index(name) + 1}", hint=hint,
             )
     return InputDataError("malformed row", where=f"{path}:{line}", hint=hint)
+
+
+class RowCounter:
+    """Counts rows as they stream through the one query that writes them.
+
+    Called by polars on each batch of a struct column (label, bad code, one "missing" flag per
+    dense feature); it adds the batch's counts up and returns the label unchanged, so the
+    counting rides on the write instead of a second parse of the input.
+
+    Example:
+        >>> counter = RowCounter("label", BAD_REASONS, ["I1"], progress)
+        >>> label = pl.struct(...).map_batches(counter, return_dtype=pl.Int8,
+        ...                                     is_elementwise=True)
+    """
+
+    def __init__(self, label: str, reasons: Sequence[str], missing: Sequence[str],
+                 progress: Progress) -> None:
+        self._label = label
+        self._reasons = tuple(reasons)
+        self._missing = tuple(missing)
+        self._progress = progress
+        self._lock = threading.Lock()
+        self.totals: dict[str, int] = {"rows_read": 0, "rows": 0, "positives": 0,
+                                       **{r: 0 for r in self._reasons},
+                                       **{m: 0 for m in self._missing}}
+
+    def __call__(self, batch: pl.Series) -> pl.Series:
+        frame = batch.struct.unnest()
+        good = pl.col(BAD) == 0
+        row = frame.select(
+            pl.len().alias("rows_read"), good.sum().alias("rows"),
+            pl.col(self._label).filter(good).cast(pl.Int64).sum().alias("positives"),
+            *[(pl.col(BAD) == i + 1).sum().alias(r) for i, r in enumerate(self._reasons)],
+            *[pl.col(m).filter(good).sum().alias(m) for m in self._missing],
+        ).row(0, named=True)
+        with self._lock:
+            for key, value in row.items():
+                self.totals[key] += int(value or 0)
+        self._progress.advance(len(frame))
+        return frame[self._label]
