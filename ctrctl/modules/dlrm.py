@@ -6,6 +6,10 @@
                                                     |
                             over arch (MLP, last layer 1, no activation) -> logits (B,)
 
+Without dense features (Avazu) there is no dense arch and the interaction sees the
+embeddings alone: dot takes the pairwise dot products of the F sparse embeddings, DCN its
+cross layers over their concatenation (B, F * D).
+
 The embedding tables are trained by the optimizer fused into the EBC's backward; everything
 else (``dense_parameters()``) by an ordinary torch optimizer. Loss: BCE with logits.
 
@@ -42,14 +46,57 @@ from ctrctl.sparse import KeyedJaggedTensor
 Interaction = Literal["dot", "dcn"]
 
 
+class SparseDotInteraction(nn.Module):
+    """Pairwise dot products of F pooled sparse embeddings, for a model without dense input.
+
+    The pairs come in the order of the upper triangle of e e^T, row by row:
+    e_1 . e_2, ..., e_1 . e_F, e_2 . e_3, ..., e_{F-1} . e_F; zero columns pad the width to
+    a multiple of ``pad_to`` (see :class:`DotInteraction`).
+
+    Args:
+        num_sparse_features: F (at least 2: one embedding has no pair).
+        pad_to: pad the output width to a multiple of this.
+    """
+
+    def __init__(self, num_sparse_features: int, pad_to: int = 1) -> None:
+        super().__init__()
+        if num_sparse_features < 2:
+            raise ConfigError(
+                f"a dot interaction without dense features needs two sparse features, got "
+                f"{num_sparse_features}", where="DLRM", hint="use interaction: dcn")
+        self.num_sparse_features = num_sparse_features
+        self.pad_to = max(1, pad_to)
+        n = num_sparse_features
+        rows, cols = torch.triu_indices(n, n, offset=1)
+        self.pair_index: torch.Tensor
+        self.register_buffer("pair_index", rows * n + cols, persistent=False)
+
+    def unpadded_dim(self, embedding_dim: int) -> int:
+        n = self.num_sparse_features
+        return n * (n - 1) // 2
+
+    def output_dim(self, embedding_dim: int) -> int:
+        return -(-self.unpadded_dim(embedding_dim) // self.pad_to) * self.pad_to
+
+    def forward(self, sparse: torch.Tensor) -> torch.Tensor:
+        """(B, F, D) -> (B, F (F - 1) / 2 [+ zero padding])."""
+        batch, n, _ = sparse.shape
+        gram = torch.bmm(sparse, sparse.transpose(1, 2))  # (B, F, F)
+        pairs = gram.reshape(batch, n * n).index_select(1, self.pair_index)
+        pad = self.output_dim(0) - pairs.size(1)
+        return F.pad(pairs, (0, pad)) if pad else pairs
+
+
 class DLRM(nn.Module):
     """The DLRM model: returns one logit per sample.
 
     Args:
         embedding_bag_collection: the sparse arch; every feature must have the dim D that
             the dense arch ends with.
-        dense_in_features: number of dense features.
-        dense_arch_layer_sizes: bottom MLP widths, the last one D.
+        dense_in_features: number of dense features; 0 builds no dense arch and the
+            interaction runs over the embeddings only.
+        dense_arch_layer_sizes: bottom MLP widths, the last one D (ignored, may be empty,
+            without dense features).
         over_arch_layer_sizes: top MLP widths, the last one 1.
         interaction: "dot" (pairwise dot products) or "dcn" (DCNv2 low-rank cross layers).
         dcn_num_layers, dcn_low_rank_dim: the cross layers when interaction="dcn".
@@ -74,15 +121,24 @@ class DLRM(nn.Module):
         interaction_pad_to: int = 8,
     ) -> None:
         super().__init__()
+        if dense_in_features < 0:
+            raise ConfigError(f"dense_in_features={dense_in_features} must be >= 0",
+                              where="DLRM")
         dims = set(embedding_bag_collection.length_per_feature())
-        embedding_dim = dense_arch_layer_sizes[-1] if dense_arch_layer_sizes else 0
-        if dims != {embedding_dim}:
-            raise ConfigError(
-                f"the dense arch ends with width {embedding_dim} but embedding dims are "
-                f"{sorted(dims)}",
-                where="DLRM",
-                hint="make the last dense_arch_layer_sizes entry equal every table's embedding_dim",
-            )
+        self.num_dense_features = dense_in_features
+        if dense_in_features == 0:
+            # No dense input: no dense arch, and the embeddings only need one width.
+            embedding_dim = next(iter(dims)) if len(dims) == 1 else 0
+            message = f"without dense features every table needs one embedding dim, got " \
+                f"{sorted(dims)}"
+            hint = "give every table the same embedding_dim"
+        else:
+            embedding_dim = dense_arch_layer_sizes[-1] if dense_arch_layer_sizes else 0
+            message = f"the dense arch ends with width {embedding_dim} but embedding dims " \
+                f"are {sorted(dims)}"
+            hint = "make the last dense_arch_layer_sizes entry equal every table's embedding_dim"
+        if not dims or dims != {embedding_dim}:
+            raise ConfigError(message, where="DLRM", hint=hint)
         if not over_arch_layer_sizes or over_arch_layer_sizes[-1] != 1:
             raise ConfigError(
                 f"over_arch_layer_sizes must end with 1, got {list(over_arch_layer_sizes)}",
@@ -92,13 +148,20 @@ class DLRM(nn.Module):
         self.num_sparse_features = len(embedding_bag_collection.feature_names())
         self.embedding_dim = embedding_dim
         self.sparse_arch = embedding_bag_collection
-        self.dense_arch = MLP(dense_in_features, dense_arch_layer_sizes)
-        self.interaction: DotInteraction | DCNInteraction
-        if interaction == "dot":
+        self.dense_arch: MLP | None = (
+            MLP(dense_in_features, dense_arch_layer_sizes) if dense_in_features else None)
+        self.interaction: DotInteraction | SparseDotInteraction | DCNInteraction
+        # Without a dense vector DCN crosses the F embeddings alone: the interaction's
+        # "dense" slot takes the first of them, so its input is their concatenation.
+        slots = self.num_sparse_features - (0 if dense_in_features else 1)
+        if interaction == "dot" and dense_in_features:
             self.interaction = DotInteraction(self.num_sparse_features, pad_to=interaction_pad_to)
+        elif interaction == "dot":
+            self.interaction = SparseDotInteraction(self.num_sparse_features,
+                                                    pad_to=interaction_pad_to)
         elif interaction == "dcn":
             self.interaction = DCNInteraction(
-                self.num_sparse_features, embedding_dim, dcn_num_layers, dcn_low_rank_dim
+                slots, embedding_dim, dcn_num_layers, dcn_low_rank_dim
             )
         else:
             raise ConfigError(
@@ -110,14 +173,17 @@ class DLRM(nn.Module):
             final_activation=False,
         )
         self.dense_autocast = dense_autocast
-        if isinstance(self.interaction, DotInteraction):
+        if isinstance(self.interaction, DotInteraction | SparseDotInteraction):
             first = self.over_arch.layers[0]
             assert isinstance(first, nn.Linear)
             with torch.no_grad():
                 first.weight[:, self.interaction.unpadded_dim(embedding_dim) :] = 0.0
 
     def forward(self, dense: torch.Tensor, features: KeyedJaggedTensor) -> torch.Tensor:
-        """Logits (B,) for dense features (B, F_dense) and sparse features (a KJT of B)."""
+        """Logits (B,) for dense features (B, F_dense) and sparse features (a KJT of B).
+
+        A model without dense features takes a (B, 0) ``dense`` (its batch size is read).
+        """
         batch = dense.size(0)
         pooled = self.sparse_arch(features).values()  # (B, F * D)
         sparse = pooled.view(batch, self.num_sparse_features, self.embedding_dim)  # (B, F, D)
@@ -127,10 +193,19 @@ class DLRM(nn.Module):
             else contextlib.nullcontext()
         )
         with autocast:
-            embedded_dense = self.dense_arch(dense)  # (B, D)
-            interacted = self.interaction(embedded_dense, sparse.to(embedded_dense.dtype))
+            if self.dense_arch is None:
+                interacted = self._interact_sparse(sparse)
+            else:
+                embedded_dense = self.dense_arch(dense)  # (B, D)
+                interacted = self.interaction(embedded_dense, sparse.to(embedded_dense.dtype))
             logits = self.over_arch(interacted)  # (B, 1)
         return logits.squeeze(1).float()  # (B,)
+
+    def _interact_sparse(self, sparse: torch.Tensor) -> torch.Tensor:
+        """The interaction of a model without dense input over (B, F, D) embeddings."""
+        if isinstance(self.interaction, SparseDotInteraction):
+            return self.interaction(sparse)  # (B, F (F - 1) / 2 [+ pad])
+        return self.interaction(sparse[:, 0], sparse[:, 1:])  # (B, F * D)
 
     def dense_parameters(self) -> Iterator[nn.Parameter]:
         """Every parameter except the embedding tables (those are updated in backward)."""
@@ -168,7 +243,8 @@ def dlrm_from_manifest(
 
     Args:
         manifest: the dataset's manifest (dense features, sparse features and table sizes).
-        embedding_dim: D for every table; ``dense_arch_layer_sizes`` must end with it.
+        embedding_dim: D for every table; ``dense_arch_layer_sizes`` must end with it (a
+            dataset without dense features ignores them).
         dense_arch_layer_sizes, over_arch_layer_sizes, interaction, dcn_*: see :class:`DLRM`.
         optimizer: the fused embedding optimizer.
         pooling: pooling of every table (multi-hot features use it).

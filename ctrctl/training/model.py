@@ -52,7 +52,8 @@ def build_model(config: PipelineConfig, manifest: DatasetManifest,
     """A DLRM with one table ``t_<feature>`` per sparse feature of the manifest, sized by it.
 
     Tables are initialised from ``training.seed``, the MLPs from torch's global RNG (seed it
-    first for a repeatable run).
+    first for a repeatable run). A dataset without dense features gets no dense arch
+    (``model.dense_arch`` is ignored).
     """
     from ctrctl.modules import dlrm_from_manifest
 
@@ -60,6 +61,11 @@ def build_model(config: PipelineConfig, manifest: DatasetManifest,
     if not manifest.sparse:
         raise ConfigError("the dataset has no sparse features to embed",
                           where="manifest.json", hint="a DLRM needs at least one")
+    if manifest.dense and not m.dense_arch:
+        raise ConfigError(f"the dataset has {len(manifest.dense)} dense features but "
+                          "model.dense_arch is empty",
+                          hint=f"give a dense_arch ending at embedding_dim, e.g. "
+                          f"[64, {m.embedding_dim}]")
     return dlrm_from_manifest(
         manifest,
         embedding_dim=m.embedding_dim,

@@ -187,3 +187,81 @@ def test_model_from_manifest() -> None:
         ["C1", "C2"], torch.tensor([5, 99, 6, 0]), torch.tensor([1, 1, 1, 1])
     )
     assert model(torch.randn(2, 2), kjt).shape == (2,)
+
+
+def sparse_only_model(interaction: str, pad_to: int = 8) -> DLRM:
+    tables = [EmbeddingBagConfig(f"t_{i}", 50, DIM, [f"C{i}"]) for i in range(3)]
+    ebc = EmbeddingBagCollection(
+        tables, optimizer=EmbeddingOptimizerConfig(kind="exact_sgd", lr=0.1), backend="torch", seed=0
+    )
+    return DLRM(ebc, 0, [], [16, 1], interaction=interaction, dcn_num_layers=2,
+                dcn_low_rank_dim=4, interaction_pad_to=pad_to)
+
+
+@pytest.mark.parametrize("interaction", ["dot", "dcn"])
+def test_zero_dense_features_shapes_and_gradients(interaction: str) -> None:
+    torch.manual_seed(0)
+    model = sparse_only_model(interaction)
+    assert model.dense_arch is None
+    # dot: the 3 pairs of 3 embeddings (padded to 8); dcn: the 3 x 8 concatenated embeddings
+    width = 8 if interaction == "dot" else 3 * DIM
+    assert model.over_arch.layers[0].in_features == width
+    _, kjt, labels = tiny_batch(batch=6)
+    dense = torch.empty(6, 0)
+    logits = model(dense, kjt)
+    assert logits.shape == (6,) and logits.dtype == torch.float32 and logits.isfinite().all()
+    before = {k: v.clone() for k, v in model.sparse_arch.embedding_bag_weights().items()}
+    dlrm_loss(logits, labels).backward()
+    grads = {name: p.grad for name, p in model.dense_named_parameters()}
+    assert grads and all(g is not None for g in grads.values())
+    assert all(not n.startswith("dense_arch") for n in grads)
+    assert all(torch.count_nonzero(g) > 0 for n, g in grads.items() if "layers.0" in n)
+    # the fused optimizer moved the rows the batch looked up
+    after = model.sparse_arch.embedding_bag_weights()
+    assert all(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_zero_dense_dot_interaction_against_loops_and_autograd() -> None:
+    model = sparse_only_model("dot", pad_to=1)
+    gen = torch.Generator().manual_seed(2)
+    sparse = torch.randn(4, 3, DIM, generator=gen, dtype=torch.float64, requires_grad=True)
+    out = model.interaction(sparse)
+    expected = torch.stack([
+        torch.stack([torch.dot(s[i], s[j]) for i in range(3) for j in range(i + 1, 3)])
+        for s in sparse])
+    torch.testing.assert_close(out, expected)
+    torch.autograd.gradcheck(model.interaction, (sparse,))
+
+
+def test_zero_dense_model_matches_the_formula() -> None:
+    """Logits = over arch(pairwise dots of the pooled embeddings), computed by hand."""
+    model = sparse_only_model("dot", pad_to=1)
+    _, kjt, _ = tiny_batch(batch=5, seed=3)
+    with torch.no_grad():
+        pooled = model.sparse_arch(kjt).values().view(5, 3, DIM)
+        pairs = torch.stack([(pooled[:, i] * pooled[:, j]).sum(1)
+                             for i in range(3) for j in range(i + 1, 3)], dim=1)
+        expected = model.over_arch(pairs).squeeze(1)
+        torch.testing.assert_close(model(torch.empty(5, 0), kjt), expected)
+
+
+def test_zero_dense_model_from_manifest_and_errors() -> None:
+    manifest = DatasetManifest(
+        label="label", dense=(),
+        sparse=(SparseFeature("C1", "hash", 100), SparseFeature("C2", "vocab", 7)),
+        splits={"train": SplitInfo(rows=10, label_rate=0.5)},
+    )
+    # the dense arch of the config is ignored: there is nothing for it to read
+    model = dlrm_from_manifest(manifest, 4, [8, 16], [8, 1])
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        ["C1", "C2"], torch.tensor([5, 99, 6, 0]), torch.tensor([1, 1, 1, 1])
+    )
+    assert model(torch.empty(2, 0), kjt).shape == (2,)
+    one = EmbeddingBagCollection([EmbeddingBagConfig("t", 10, 4, ["f"])])
+    with pytest.raises(ConfigError, match="needs two sparse features"):
+        DLRM(one, 0, [], [4, 1], interaction="dot")
+    assert DLRM(one, 0, [], [4, 1], interaction="dcn").over_arch.layers[0].in_features == 4
+    mixed = EmbeddingBagCollection([EmbeddingBagConfig("a", 10, 4, ["f"]),
+                                    EmbeddingBagConfig("b", 10, 8, ["g"])])
+    with pytest.raises(ConfigError, match="one embedding dim"):
+        DLRM(mixed, 0, [], [4, 1])
