@@ -27,6 +27,7 @@ from ctrctl.data.synthetic_specs import (
     SparseSpec,
     format_spec,
 )
+from ctrctl.data.synthetic_text import Column, encode_columns
 
 #: Rows per chunk; part of the output's definition (chunk k draws from stream (seed, k)).
 CHUNK_ROWS = 65_536
@@ -58,6 +59,40 @@ class SynthBatch:
     def labels(self) -> np.ndarray:
         name = "label" if "label" in self.table.column_names else "click"
         return self.table.column(name).to_numpy()
+
+
+@dataclass(frozen=True)
+class ChunkColumns:
+    """A chunk's log columns as numpy arrays, before any Arrow or text.
+
+    Attributes:
+        names: column names in file order.
+        columns: ``(values, missing)`` per column (see :data:`Column`): uint32 values are
+            hashes printed as 8 hex digits, other integers print in decimal.
+        prob: float32 true click probability of each row.
+        labels: int8 sampled clicks.
+    """
+
+    names: tuple[str, ...]
+    columns: list[Column]
+    prob: np.ndarray
+    labels: np.ndarray
+
+    def table(self) -> pa.Table:
+        """The columns as Arrow (hex strings, int64 with nulls where missing)."""
+        arrays: list[pa.Array] = []
+        for values, missing in self.columns:
+            if values.dtype == np.uint32:
+                arrays.append(hex_strings(values, None if missing is None else ~missing))
+            elif missing is not None:
+                arrays.append(int_array(values, missing))
+            else:
+                arrays.append(pa.array(values))
+        return pa.table(dict(zip(self.names, arrays, strict=True)))
+
+    def lines(self, separator: str) -> pa.StringArray:
+        """Each row as a text line starting with ``\\n`` (see :func:`encode_columns`)."""
+        return encode_columns(self.columns, separator.encode())
 
 
 # ----------------------------------------------------------------------------- hashing
@@ -273,35 +308,38 @@ class ClickModel:
             logits += 0.2 * np.sin(2 * np.pi * (hours % 24) / 24.0)
         return logits, sparse, dense
 
-    def batch(self, chunk: int, start_row: int, n: int, total_rows: int) -> SynthBatch:
-        """Rows ``[start_row, start_row + n)`` of chunk ``chunk`` as a :class:`SynthBatch`."""
+    def columns(self, chunk: int, start_row: int, n: int, total_rows: int) -> ChunkColumns:
+        """Rows ``[start_row, start_row + n)`` of chunk ``chunk`` as raw columns."""
         stream = _FORMAT_STREAM[self.spec.name]
         rng = np.random.default_rng([self.seed, 4, stream, chunk])
         logits, sparse, dense = self._draw(rng, n, start_row, total_rows)
         prob = (1.0 / (1.0 + np.exp(-(logits + self.bias)))).astype(np.float32)
         label = (rng.random(n) < prob).astype(np.int8)
-        columns: dict[str, pa.Array] = {}
+        columns: dict[str, Column] = {}
         if self.spec.name == "avazu":
-            columns["id"] = pa.array(rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False))
-            columns["click"] = pa.array(label)
+            columns["id"] = (rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False), None)
+            columns["click"] = (label, None)
             hours = _avazu_hour_index(start_row, n, total_rows)
             # YYMMDDHH from 14102100: day 21 + h // 24, hour h % 24.
-            columns["hour"] = pa.array(14_100_000 + (21 + hours // 24) * 100 + hours % 24)
+            columns["hour"] = (14_100_000 + (21 + hours // 24) * 100 + hours % 24, None)
         else:
-            columns["label"] = pa.array(label)
+            columns["label"] = (label, None)
             for name, values in dense.items():
-                columns[name] = int_array(values, values == MISSING)
+                missing = values == MISSING
+                columns[name] = (values, missing if missing.any() else None)
         for f in self.features:
             ranks, mask = sparse[f.spec.name]
             if f.int_values is not None:
-                columns[f.spec.name] = int_array(f.int_values[ranks], mask)
+                columns[f.spec.name] = (f.int_values[ranks], mask)
             else:
-                columns[f.spec.name] = hex_strings(
-                    _mix32(ranks ^ f.salt), None if mask is None else ~mask
-                )
-        if self.spec.name == "avazu":
-            columns = {name: columns[name] for name in AVAZU_COLUMNS}
-        return SynthBatch(pa.table(columns), prob)
+                columns[f.spec.name] = (_mix32(ranks ^ f.salt), mask)
+        names = AVAZU_COLUMNS if self.spec.name == "avazu" else tuple(columns)
+        return ChunkColumns(names, [columns[name] for name in names], prob, label)
+
+    def batch(self, chunk: int, start_row: int, n: int, total_rows: int) -> SynthBatch:
+        """Rows ``[start_row, start_row + n)`` of chunk ``chunk`` as a :class:`SynthBatch`."""
+        raw = self.columns(chunk, start_row, n, total_rows)
+        return SynthBatch(raw.table(), raw.prob)
 
 
 def _avazu_hour_index(start_row: int, n: int, total_rows: int) -> np.ndarray:

@@ -28,7 +28,9 @@ from ctrctl.data.synthetic import (
     text_of,
     zipf_ranks,
 )
+from ctrctl.data.synthetic_model import click_model
 from ctrctl.data.synthetic_specs import AVAZU_COLUMNS, format_spec
+from ctrctl.data.synthetic_text import encode_columns
 from ctrctl.errors import ConfigError, OutputExistsError
 
 CRITEO_ROWS = 60_000
@@ -176,6 +178,27 @@ def test_encoded_text_equals_plain_python_formatting(fmt: str) -> None:
         for row in batch.table.to_pylist()
     )
     assert bytes(text_of(encode_lines(batch.table, separator))).decode() == expected
+
+
+@pytest.mark.parametrize("fmt", ["criteo", "avazu"])
+def test_byte_matrix_lines_equal_the_arrow_encoder(fmt: str) -> None:
+    raw = click_model(fmt, 4).columns(chunk=1, start_row=0, n=5000, total_rows=5000)
+    separator = "\t" if fmt == "criteo" else ","
+    expected = bytes(text_of(encode_lines(raw.table(), separator)))
+    assert bytes(text_of(raw.lines(separator))) == expected
+    # Edge values: negatives, widths of every digit count, the largest uint64, missing.
+    values = np.array([0, -1, -3, 9, 10, 9999, 10_000, -10_000, 2**31, 10**12], dtype=np.int64)
+    missing = np.arange(len(values)) % 4 == 3
+    ids = np.array([2**64 - 1, 0, 1, 10**19, *range(6)], dtype=np.uint64)
+    lines = encode_columns(
+        [(ids, None), (values, missing), (values.astype(np.uint32), missing)], b","
+    )
+    rows = zip(
+        ids.tolist(), values.tolist(), values.astype(np.uint32).tolist(), missing, strict=True
+    )
+    assert lines.to_pylist() == [
+        f"\n{i},{'' if m else v},{'' if m else format(h, '08x')}" for i, v, h, m in rows
+    ]
 
 
 def test_in_memory_generator_matches_the_files(criteo_logs: Path) -> None:
