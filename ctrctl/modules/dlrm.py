@@ -239,7 +239,7 @@ def dlrm_from_manifest(
     seed: int | None = 0,
     dense_autocast: bool = False,
 ) -> DLRM:
-    """A DLRM for a preprocessed dataset: one table ``t_<feature>`` per sparse feature.
+    """A DLRM for a preprocessed dataset: one table per sparse feature, named as the feature.
 
     Args:
         manifest: the dataset's manifest (dense features, sparse features and table sizes).
@@ -258,7 +258,7 @@ def dlrm_from_manifest(
         raise ConfigError("the dataset has no sparse features", where="dlrm_from_manifest")
     tables = [
         EmbeddingBagConfig(
-            name=f"t_{feature.name}",
+            name=feature.name,  # one table per feature, named as the feature (plan.json too)
             num_embeddings=feature.num_embeddings,
             embedding_dim=embedding_dim,
             feature_names=[feature.name],

@@ -22,10 +22,10 @@ loading: tensors come from safetensors, metadata from JSON, and the dense optimi
 tensor dict through ``torch.load(weights_only=True)``.
 
 Example:
-    >>> shard = TableShard("t_C1", 0, 0, weight, {"momentum": acc})
+    >>> shard = TableShard("C1", 0, 0, weight, {"momentum": acc})
     >>> path = save_checkpoint(out / "checkpoints", 100, [shard], model_dense_state,
     ...                        optimizer.state_dict(), {"epoch": 0, "batch": 100}, metadata)
-    >>> [block] = load_table_shards(path, [("t_C1", 0, 0, 500, 16)])   # rows 0..499
+    >>> [block] = load_table_shards(path, [("C1", 0, 0, 500, 16)])   # rows 0..499
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ plus a dense state dict.
 
 Example:
     >>> model = build_model(config, manifest, torch.device("cpu"))
-    >>> shards = table_shards(model)          # [TableShard("t_C1", 0, 0, weight, state), ...]
+    >>> shards = table_shards(model)          # [TableShard("C1", 0, 0, weight, state), ...]
 """
 
 from __future__ import annotations
@@ -43,13 +43,14 @@ __all__ = [
 
 
 def table_name(feature: str) -> str:
-    """The embedding table of a sparse feature (one table per feature)."""
-    return f"t_{feature}"
+    """The embedding table of a sparse feature: one table per feature, named as the feature,
+    so plan.json, constraints and checkpoints all speak of ``C1`` rather than a derived name."""
+    return feature
 
 
 def build_model(config: PipelineConfig, manifest: DatasetManifest,
                 device: torch.device) -> nn.Module:
-    """A DLRM with one table ``t_<feature>`` per sparse feature of the manifest, sized by it.
+    """A DLRM with one table per sparse feature (named as the feature) of the manifest, sized by it.
 
     Tables are initialised from ``training.seed``, the MLPs from torch's global RNG (seed it
     first for a repeatable run). A dataset without dense features gets no dense arch

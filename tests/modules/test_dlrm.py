@@ -182,7 +182,7 @@ def test_model_from_manifest() -> None:
     model = dlrm_from_manifest(manifest, 4, [8, 4], [8, 1])
     assert model.sparse_arch.feature_names() == ["C1", "C2"]
     sizes = {k: tuple(v.shape) for k, v in model.sparse_arch.embedding_bag_weights().items()}
-    assert sizes == {"t_C1": (100, 4), "t_C2": (7, 4)}
+    assert sizes == {"C1": (100, 4), "C2": (7, 4)}
     kjt = KeyedJaggedTensor.from_lengths_sync(
         ["C1", "C2"], torch.tensor([5, 99, 6, 0]), torch.tensor([1, 1, 1, 1])
     )

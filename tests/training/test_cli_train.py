@@ -53,7 +53,7 @@ def test_train_command_writes_checkpoints_metrics_and_tracks(
     meta = ckpt.read_metadata(out)
     assert meta.step == 12 and meta.world_size == 1
     assert meta.config["training"]["max_steps"] == 12
-    assert sorted(meta.tables) == ["t_C1", "t_C2", "t_C3", "t_C4"]
+    assert sorted(meta.tables) == ["C1", "C2", "C3", "C4"]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["finished"] and metrics["step"] == 12
     assert 0.0 < metrics["metrics"]["val.auc"] <= 1.0
