@@ -496,9 +496,11 @@ def _stream_one_split(
     missing = [pl.col(c.name).is_null().alias(f"__missing.{c.name}") for c in schema.dense]
     counter = RowCounter(schema.label, BAD_REASONS, [m.meta.output_name() for m in missing],
                          progress)
-    label = pl.struct(columns[0], bad, *missing).map_batches(
+    flags = [BAD, *[m.meta.output_name() for m in missing]]
+    # Parse first, then count: the counter reads parsed columns instead of parsing again.
+    label = pl.struct(schema.label, *flags).map_batches(
         counter, return_dtype=pl.Int8, is_elementwise=True).alias(schema.label)
-    frame = job.scan.plain.select(label, *columns[1:], bad)
+    frame = job.scan.plain.select(*columns, bad, *missing).select(label, *names[1:], BAD)
     if on_bad_rows == "skip":
         frame = frame.filter(pl.col(BAD) == 0)
     data = frame.select(*names)
