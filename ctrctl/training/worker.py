@@ -32,8 +32,11 @@ def main(argv: list[str] | None = None) -> int:
 
     spec = TrainSpec.from_json(args.spec)
     rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+    # Other libraries (FBGEMM logs every kernel's settings at INFO) stay at WARNING;
+    # ctrctl's own progress lines come from rank 0 only.
+    logging.basicConfig(level=logging.WARNING,
                         format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")
+    logging.getLogger("ctrctl").setLevel(logging.INFO if rank == 0 else logging.WARNING)
     try:
         config = load_config(spec.config, spec.overrides)
         init_distributed(config.training.device)
