@@ -3,10 +3,11 @@
 For each format, on ``--rows`` rows (1M; ``--quick``: 200k), medians over ``--repeats``:
 
 - ``synthesize``: the whole job, files written (logs, probabilities, synth.json, best AUC);
-- ``generate``: the rows in memory only (click model, Zipf draws, hashing);
-- ``encode``: the same tables turned into text by ctrctl's encoder, against two references
-  in the same run: polars ``write_csv`` (vectorised) and Python string formatting (on a
-  slice, scaled to rows/s).
+- ``generate``: the rows in memory only as numpy columns (click model, Zipf draws, hashing);
+- ``encode``: the same columns turned into text by ctrctl's byte-matrix encoder (what
+  ``synthesize`` writes), against three references in the same run on the same rows as an
+  Arrow table: ctrctl's Arrow string join (``encode_lines``), polars ``write_csv``
+  (vectorised) and Python string formatting (on a slice, scaled to rows/s).
 
 The target is 1M rows/s for ``synthesize``; the ``x target`` column is rows/s / 1M. On a
 shared machine wall time depends on the neighbours, so ``per CPU-s`` also gives rows per
@@ -35,9 +36,10 @@ import polars as pl
 import pyarrow as pa
 
 from ctrctl.data.synthetic import (
+    CHUNK_ROWS,
+    ChunkColumns,
     click_model,
     encode_lines,
-    iter_batches,
     synthesize,
     text_of,
 )
@@ -78,6 +80,15 @@ def python_lines(table: pa.Table, separator: str) -> bytes:
     return out.getvalue().encode()
 
 
+def chunk_columns(fmt: str, rows: int) -> list[ChunkColumns]:
+    """The rows of ``synthesize`` as numpy columns, chunk by chunk."""
+    model = click_model(fmt, 0)
+    return [
+        model.columns(chunk, start, min(CHUNK_ROWS, rows - start), rows)
+        for chunk, start in enumerate(range(0, rows, CHUNK_ROWS))
+    ]
+
+
 def bench_format(fmt: str, rows: int, repeats: int, workers: int | None) -> dict[str, Any]:
     click_model(fmt, 0)  # build the model once, outside the timings (as a warm cache would)
     separator = "," if fmt == "avazu" else "\t"
@@ -93,9 +104,11 @@ def bench_format(fmt: str, rows: int, repeats: int, workers: int | None) -> dict
         size = sum(p.stat().st_size for p in (scratch / "out").iterdir())
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    generate_s = median_seconds(lambda: list(iter_batches(fmt, rows)), repeats)
-    tables = [batch.table for batch in iter_batches(fmt, rows)]
-    encode_s = median_seconds(
+    generate_s = median_seconds(lambda: chunk_columns(fmt, rows), repeats)
+    chunks = chunk_columns(fmt, rows)
+    encode_s = median_seconds(lambda: [len(text_of(c.lines(separator))) for c in chunks], repeats)
+    tables = [c.table() for c in chunks]
+    arrow_s = median_seconds(
         lambda: [len(text_of(encode_lines(t, separator))) for t in tables], repeats
     )
     frames = [pl.from_arrow(t) for t in tables]
@@ -108,9 +121,10 @@ def bench_format(fmt: str, rows: int, repeats: int, workers: int | None) -> dict
     head = tables[0].slice(0, min(PYTHON_REFERENCE_ROWS, rows))
     python_s = median_seconds(lambda: python_lines(head, separator), repeats) * rows / len(head)
     # The encoder's text equals the reference's, or the comparison would mean nothing.
-    assert bytes(text_of(encode_lines(head, separator)))[1:] + b"\n" == python_lines(
-        head, separator
-    )
+    reference = python_lines(head, separator)
+    assert bytes(text_of(encode_lines(head, separator)))[1:] + b"\n" == reference
+    lines = chunks[0].lines(separator).slice(0, head.num_rows)
+    assert bytes(text_of(lines))[1:] + b"\n" == reference
     return {
         "format": fmt,
         "rows": rows,
@@ -119,8 +133,10 @@ def bench_format(fmt: str, rows: int, repeats: int, workers: int | None) -> dict
         "synthesize_rows_per_cpu_s": rows / write_cpu_s,
         "generate_rows_per_s": rows / generate_s,
         "encode_rows_per_s": rows / encode_s,
+        "arrow_join_rows_per_s": rows / arrow_s,
         "polars_write_csv_rows_per_s": rows / polars_s,
         "python_format_rows_per_s": rows / python_s,
+        "encode_vs_arrow_join": arrow_s / encode_s,
         "encode_vs_polars": polars_s / encode_s,
         "encode_vs_python": python_s / encode_s,
         "synthesize_vs_target": rows / write_s / TARGET_ROWS_PER_S,
@@ -133,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [bench_format(fmt, rows, args.repeats, args.workers) for fmt in args.formats]
     header = (
         f"{'format':<8}{'synthesize':>12}{'x target':>9}{'per CPU-s':>11}{'generate':>11}"
-        f"{'encode':>11}"
+        f"{'encode':>11}{'arrow join':>12}"
         f"{'polars csv':>12}{'python':>10}{'enc/polars':>11}{'enc/python':>11}"
     )
     print(f"rows/s, {rows:,} rows, median of {args.repeats}, {os.cpu_count()} CPUs")
@@ -143,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['format']:<8}{r['synthesize_rows_per_s']:>12,.0f}{r['synthesize_vs_target']:>9.2f}"
             f"{r['synthesize_rows_per_cpu_s']:>11,.0f}"
             f"{r['generate_rows_per_s']:>11,.0f}{r['encode_rows_per_s']:>11,.0f}"
+            f"{r['arrow_join_rows_per_s']:>12,.0f}"
             f"{r['polars_write_csv_rows_per_s']:>12,.0f}{r['python_format_rows_per_s']:>10,.0f}"
             f"{r['encode_vs_polars']:>11.2f}{r['encode_vs_python']:>11.1f}"
         )
