@@ -500,10 +500,9 @@ def _stream_one_split(
     # Parse first, then count: the counter reads parsed columns instead of parsing again.
     label = pl.struct(schema.label, *flags).map_batches(
         counter, return_dtype=pl.Int8, is_elementwise=True).alias(schema.label)
-    frame = job.scan.plain.select(*columns, bad, *missing).select(label, *names[1:], BAD)
+    data = job.scan.plain.select(*columns, bad, *missing).select(label, *names[1:])
     if on_bad_rows == "skip":
-        frame = frame.filter(pl.col(BAD) == 0)
-    data = frame.select(*names)
+        data = data.filter(pl.col(schema.label).is_not_null())
     if not staged:
         data = encode(data, kinds, vocabs)
     target = next(t for t in job.targets if t.split == split)

@@ -123,8 +123,10 @@ class RowCounter:
     """Counts rows as they stream through the one query that writes them.
 
     Called by polars on each batch of a struct column (label, bad code, one "missing" flag per
-    dense feature); it adds the batch's counts up and returns the label unchanged, so the
-    counting rides on the write instead of a second parse of the input.
+    dense feature); it adds the batch's counts up and returns the label, null on malformed
+    rows, so the counting rides on the write instead of a second parse of the input. Filter
+    on that label being set (not on the bad code, which the optimizer would move below the
+    counter) to drop malformed rows after they are counted.
 
     Example:
         >>> counter = RowCounter("label", BAD_REASONS, ["I1"], progress)
@@ -156,4 +158,4 @@ class RowCounter:
             for key, value in row.items():
                 self.totals[key] += int(value or 0)
         self._progress.advance(len(frame))
-        return frame[self._label]
+        return frame.select(pl.when(good).then(pl.col(self._label))).to_series()
