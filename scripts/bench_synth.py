@@ -111,7 +111,7 @@ def bench_format(fmt: str, rows: int, repeats: int, workers: int | None) -> dict
     arrow_s = median_seconds(
         lambda: [len(text_of(encode_lines(t, separator))) for t in tables], repeats
     )
-    frames = [pl.from_arrow(t) for t in tables]
+    frames = [pl.DataFrame(t) for t in tables]
     polars_s = median_seconds(
         lambda: [
             f.write_csv(io.BytesIO(), separator=separator, include_header=False) for f in frames

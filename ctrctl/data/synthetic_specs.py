@@ -77,7 +77,8 @@ class SparseSpec:
 
 @dataclass(frozen=True)
 class DenseSpec:
-    """An integer count: ``floor(median * exp(sigma * z))`` with ``z ~ N(0, 1)``.
+    """An integer count: ``floor(median * exp(sigma * z))`` with ``z ~ N(0, 1)`` (drawn
+    from 65,536 equal-probability levels, so ``|z| <= 4.3``; see ``synthetic_model``).
 
     Attributes:
         median: the continuous median before flooring.
