@@ -296,7 +296,7 @@ def _uniform_row_wise_blocks(layout: GroupLayout) -> list[int] | None:
     in rank order (plain row-wise); None otherwise."""
     cached = getattr(layout, "_row_wise_sizes", False)
     if cached is not False:
-        return cached  # type: ignore[no-any-return]
+        return cached  # type: ignore[no-any-return,return-value]
     sizes: list[int] | None = []
     world = layout.world_size
     for t, table in enumerate(layout.tables):
