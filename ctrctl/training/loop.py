@@ -219,7 +219,7 @@ class _Trainer:
                        "world_size": self.world_size},
         }
         return ckpt.save_checkpoint(
-            self.out / "checkpoints", self.step, model_io.table_shards(self.model),
+            self.out / "checkpoints", self.step, model_io.table_shards(self.model, self.rank),
             model_io.dense_state(self.model), self.optimizer.state_dict(), trainer_state,
             self._metadata(), rank=self.rank, world_size=self.world_size)
 

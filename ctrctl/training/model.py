@@ -154,15 +154,19 @@ def load_dense_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 
 
 # ---- tables ------------------------------------------------------------------------------
-def _blocks(model: nn.Module) -> list[tuple[nn.Module, str, int, int, torch.Tensor,
-                                             dict[str, torch.Tensor]]]:
-    """(module, table, row_offset, col_offset, weight view, state views) per local block."""
+def _blocks(model: nn.Module, with_replicas: bool = True
+            ) -> list[tuple[nn.Module, str, int, int, torch.Tensor, dict[str, torch.Tensor]]]:
+    """(module, table, row_offset, col_offset, weight view, state views) per local block.
+
+    ``with_replicas`` False leaves out data-parallel replicas (blocks every rank holds).
+    """
     out = []
     for _, module in _embedding_modules(model):
         if hasattr(module, "local_shards"):
             for s in getattr(module, "local_shards")():  # noqa: B009
-                out.append((module, s.table, s.metadata.row_offset, s.metadata.col_offset,
-                            s.weight, s.optimizer_state))
+                if with_replicas or not getattr(s, "replicated", False):
+                    out.append((module, s.table, s.metadata.row_offset, s.metadata.col_offset,
+                                s.weight, s.optimizer_state))
         else:
             assert isinstance(module, EmbeddingBagCollection)
             weights = module.embedding_bag_weights()
@@ -172,10 +176,18 @@ def _blocks(model: nn.Module) -> list[tuple[nn.Module, str, int, int, torch.Tens
     return out
 
 
-def table_shards(model: nn.Module) -> list[ckpt.TableShard]:
-    """This rank's blocks of every table, with optimizer state, for a checkpoint."""
+def table_shards(model: nn.Module, rank: int = 0) -> list[ckpt.TableShard]:
+    """This rank's blocks of every table, with optimizer state, for a checkpoint.
+
+    Data-parallel tables are replicated on every rank: only rank 0 saves them, so a
+    checkpoint holds each block of each table once.
+
+    Args:
+        model: an unsharded model or one wrapped by DistributedModelParallel.
+        rank: this process's rank in the group that writes the checkpoint.
+    """
     return [ckpt.TableShard(table, r, c, weight, state)
-            for _, table, r, c, weight, state in _blocks(model)]
+            for _, table, r, c, weight, state in _blocks(model, with_replicas=rank == 0)]
 
 
 def table_info(model: nn.Module, config: PipelineConfig) -> dict[str, dict[str, Any]]:
