@@ -93,9 +93,35 @@ def init_process_group(
     return dist.group.WORLD
 
 
-def new_group(ranks: Sequence[int], timeout: timedelta = DEFAULT_TIMEOUT) -> ProcessGroup:
-    """A sub-group (e.g. the ranks of one host) with a timeout. Every rank must call it."""
-    return dist.new_group(list(ranks), timeout=timeout)
+def group_timeout(group: ProcessGroup | None = None) -> timedelta:
+    """The timeout ``group`` (default: the world) was created with.
+
+    Falls back to :data:`DEFAULT_TIMEOUT` where the backend does not say.
+    """
+    pg = group if group is not None else dist.group.WORLD
+    for device in getattr(pg, "_device_types", None) or [torch.device("cpu")]:
+        try:
+            timeout = pg._get_backend(device).options._timeout
+        except (AttributeError, RuntimeError):
+            continue
+        if isinstance(timeout, timedelta):
+            return timeout
+    return DEFAULT_TIMEOUT
+
+
+def new_group(ranks: Sequence[int], timeout: timedelta | None = None,
+              parent: ProcessGroup | None = None) -> ProcessGroup:
+    """A sub-group (e.g. the ranks of one host) with a timeout. Every rank must call it.
+
+    Args:
+        ranks: global ranks of the members.
+        timeout: how long its collectives wait; default: the timeout of ``parent``.
+        parent: the group it is carved from (default: the world).
+
+    Example:
+        >>> host = new_group([0, 1], parent=pg)      # waits as long as pg does
+    """
+    return dist.new_group(list(ranks), timeout=timeout or group_timeout(parent))
 
 
 # ---- failures --------------------------------------------------------------------------------

@@ -86,11 +86,11 @@ class TwrwSharding(RwSharding):
             ranks = dist.get_process_group_ranks(group) if group is not None \
                 else list(range(world))
             for h in range(self.hosts):
-                g = comm.new_group(ranks[h * local:(h + 1) * local])
+                g = comm.new_group(ranks[h * local:(h + 1) * local], parent=group)
                 if h == self.host:
                     self.host_group = g
             for lr in range(local):
-                g = comm.new_group(ranks[lr::local])
+                g = comm.new_group(ranks[lr::local], parent=group)
                 if lr == self.local_rank:
                     self.cross_group = g
 
