@@ -98,7 +98,7 @@ def group_timeout(group: ProcessGroup | None = None) -> timedelta:
 
     Falls back to :data:`DEFAULT_TIMEOUT` where the backend does not say.
     """
-    pg = group if group is not None else dist.group.WORLD
+    pg: Any = group if group is not None else dist.group.WORLD
     for device in getattr(pg, "_device_types", None) or [torch.device("cpu")]:
         try:
             timeout = pg._get_backend(device).options._timeout
