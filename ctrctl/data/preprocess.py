@@ -418,56 +418,53 @@ def _stream_job(
     row_group_size: int,
     progress: Progress,
 ) -> dict[str, dict[str, int]]:
-    """Stream one input to its Parquet parts; returns per-split counts."""
+    """Stream one input to its Parquet parts in one pass; returns per-split counts.
+
+    The input is parsed once: rows are counted as they are written (:class:`RowCounter` on
+    the label column) and an input divided between splits goes through one partitioned sink.
+    The row number of a malformed row is only looked for when one stops the run.
+    """
     possible = _possible_splits(job)
-    if len(possible) == 1:
-        return _stream_one_split(schema, job, possible[0], kinds, vocabs, staged, on_bad_rows,
-                                 row_group_size, progress)
+    assert job.split_expr is not None
     columns, bad = parsed_columns(schema)
     names = [c.meta.output_name() for c in columns]
-    assert job.split_expr is not None
-
-    def tick(rows: pl.Series) -> pl.Series:
-        progress.advance(len(rows))
-        return rows
-
     missing = [pl.col(c.name).is_null().alias(f"__missing.{c.name}") for c in schema.dense]
-    frame = job.scan.frame.with_columns(
-        pl.col(ROW).map_batches(tick, is_elementwise=True, return_dtype=pl.UInt32)
-    ).select(pl.col(ROW), *columns, *missing, bad, job.split_expr.alias(SPLIT))
-    good = pl.col(BAD) == 0
-    kept = frame.filter(good) if on_bad_rows == "skip" else frame
-    data = kept.select(*names, SPLIT)
+    missing_names = [m.meta.output_name() for m in missing]
+    counter = RowCounter(schema.label, BAD_REASONS, missing_names, progress)
+    # Parse first, then count: the counter reads parsed columns instead of parsing again.
+    label = pl.struct(schema.label, BAD, SPLIT, *missing_names).map_batches(
+        counter, return_dtype=pl.Int8, is_elementwise=True).alias(schema.label)
+    # Only a split expression that is not a literal reads the row number.
+    scan = job.scan.plain if len(possible) == 1 else job.scan.frame
+    data = scan.select(*columns, bad, *missing, job.split_expr.alias(SPLIT))
+    data = data.select(label, *names[1:], SPLIT)
+    if on_bad_rows == "skip":  # on the counted label: the counter sees the malformed rows
+        data = data.filter(pl.col(schema.label).is_not_null())
     if not staged:  # ids now; staged keys get theirs once the vocabularies are counted
         data = encode(data, kinds, vocabs)
-    sinks = []
-    for target in job.targets:
-        if target.split not in possible:
-            continue
-        target.path.parent.mkdir(parents=True, exist_ok=True)
-        part = data.filter(pl.col(SPLIT) == target.split).drop(SPLIT)
-        sinks.append(part.sink_parquet(target.path, compression=COMPRESSION,
-                                       row_group_size=row_group_size, lazy=True))
     job.targets = [t for t in job.targets if t.split in possible]
-    aggregates = [
-        pl.len().alias("rows_read"),
-        good.sum().alias("rows"),
-        pl.col(schema.label).filter(good).cast(pl.Int64).sum().alias("positives"),
-        *[(pl.col(BAD) == i + 1).sum().alias(r) for i, r in enumerate(BAD_REASONS)],
-        pl.col(ROW).filter(~good).min().alias("first_bad"),
-        *[pl.col(f"__missing.{c.name}").filter(good).sum() for c in schema.dense],
-    ]
-    summary = frame.group_by(SPLIT).agg(aggregates)
+    paths = {t.split: t.path for t in job.targets}
+    for path in paths.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    sink: Path | pl.PartitionBy = paths[possible[0]]
+    if len(possible) == 1:
+        data = data.drop(SPLIT)
+    else:
+        sink = pl.PartitionBy(
+            job.targets[0].path.parent.parent, key=SPLIT, include_key=False,
+            file_path_provider=lambda args: paths[args.partition_keys[SPLIT][0]],
+            approximate_bytes_per_file=None,
+        )
     try:
-        results = pl.collect_all([*sinks, summary.lazy()], engine="streaming")
+        data.sink_parquet(sink, compression=COMPRESSION, row_group_size=row_group_size)
     except pl.exceptions.PolarsError as exc:
         raise InputDataError(f"cannot read input: {exc}", where=str(job.source.path)) from exc
-    table = results[-1]
-    counts = {row[SPLIT]: row for row in table.iter_rows(named=True)}
-    bad_rows = sum(sum(int(r[k]) for k in BAD_REASONS) for r in counts.values())
+    counts = counter.totals
+    bad_rows = sum(c[r] for c in counts.values() for r in BAD_REASONS)
     if bad_rows and on_bad_rows == "error":
-        first = min(int(r["first_bad"]) for r in counts.values() if r["first_bad"] is not None)
-        raise locate_bad_row(schema, job.scan, job.source.path, first, bad_rows)
+        first = job.scan.frame.select(pl.col(ROW).filter(bad != 0).min()).collect(
+            engine="streaming").item()
+        raise locate_bad_row(schema, job.scan, job.source.path, int(first), bad_rows)
     for split in possible:
         counts.setdefault(split, {"rows": 0, "rows_read": 0, "positives": 0})
     # A split that received no rows keeps no (empty) part.
@@ -476,55 +473,6 @@ def _stream_job(
             target.path.unlink(missing_ok=True)
             job.targets.remove(target)
     return counts
-
-
-def _stream_one_split(
-    schema: Schema,
-    job: _Job,
-    split: str,
-    kinds: dict[str, tuple[str, int | None, bool]],
-    vocabs: dict[str, pl.DataFrame],
-    staged: bool,
-    on_bad_rows: BadRows,
-    row_group_size: int,
-    progress: Progress,
-) -> dict[str, dict[str, int]]:
-    """Stream an input that feeds one split: one pass that parses, counts and writes.
-
-    The counts ride on the write (:class:`RowCounter` on the label column), so the input is
-    parsed once; the row number is only looked for when a malformed row stops the run.
-    """
-    columns, bad = parsed_columns(schema)
-    names = [c.meta.output_name() for c in columns]
-    missing = [pl.col(c.name).is_null().alias(f"__missing.{c.name}") for c in schema.dense]
-    counter = RowCounter(schema.label, BAD_REASONS, [m.meta.output_name() for m in missing],
-                         progress)
-    flags = [BAD, *[m.meta.output_name() for m in missing]]
-    # Parse first, then count: the counter reads parsed columns instead of parsing again.
-    label = pl.struct(schema.label, *flags).map_batches(
-        counter, return_dtype=pl.Int8, is_elementwise=True).alias(schema.label)
-    data = job.scan.plain.select(*columns, bad, *missing).select(label, *names[1:])
-    if on_bad_rows == "skip":
-        data = data.filter(pl.col(schema.label).is_not_null())
-    if not staged:
-        data = encode(data, kinds, vocabs)
-    target = next(t for t in job.targets if t.split == split)
-    job.targets = [target]
-    target.path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        data.sink_parquet(target.path, compression=COMPRESSION, row_group_size=row_group_size)
-    except pl.exceptions.PolarsError as exc:
-        raise InputDataError(f"cannot read input: {exc}", where=str(job.source.path)) from exc
-    counts = dict(counter.totals)
-    bad_rows = sum(counts[r] for r in BAD_REASONS)
-    if bad_rows and on_bad_rows == "error":
-        first = job.scan.frame.select(pl.col(ROW).filter(bad != 0).min()).collect(
-            engine="streaming").item()
-        raise locate_bad_row(schema, job.scan, job.source.path, int(first), bad_rows)
-    if counts["rows"] == 0:
-        target.path.unlink(missing_ok=True)
-        job.targets = []
-    return {split: counts}
 
 
 def _possible_splits(job: _Job) -> tuple[str, ...]:
