@@ -2,10 +2,9 @@
 
 Each input is scanned lazily (polars), parsed and validated with vectorised expressions and
 streamed to Parquet (``sink_parquet``) in row groups sized for loading, so peak memory does not
-grow with the input. An input that feeds one split (``--input SPLIT=PATH``) is parsed once: its
-rows are counted as they are written (``stats.RowCounter``), and the row number of a malformed
-row is only looked for when one stops the run. An input divided between splits runs one query
-per split plus one that counts (``collect_all``).
+grow with the input. Each input is parsed once: its rows are counted as they are written
+(``stats.RowCounter``), an input divided between splits goes through one partitioned sink, and
+the row number of a malformed row is only looked for when one stops the run.
 In vocabulary mode the parsed keys are staged first, vocabularies are counted on the staged
 training split, and a second streaming pass maps keys to ids.
 
