@@ -6,6 +6,10 @@ ctrctl.training.worker --spec JSON``: torchrun starts the ranks, sets ``RANK``,
 Each worker opens the default process group with :func:`init_distributed` (gloo on CPU, NCCL
 on CUDA, always with a timeout) and runs :func:`ctrctl.training.loop.train`.
 
+Several nodes (``--nnodes M --node-rank R --rdzv-endpoint HOST:PORT`` on each) must give the
+same ``--out``, on storage every node sees: rank 0 names each checkpoint folder and writes the
+shared files (metrics.json, config.json), and every rank writes its table pieces there.
+
 Example:
     >>> spec = TrainSpec(dataset="data", out="runs/a", config="pipelines/small.yaml")
     >>> launch(spec, nproc_per_node=2)        # returns the exit code of torchrun
