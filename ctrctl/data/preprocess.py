@@ -2,9 +2,8 @@
 
 Each input is scanned lazily (polars), parsed and validated with vectorised expressions and
 streamed to Parquet (``sink_parquet``) in row groups sized for loading, so peak memory does not
-grow with the input. Each input is parsed once: its rows are counted as they are written
-(``stats.RowCounter``), an input divided between splits goes through one partitioned sink, and
-the row number of a malformed row is only looked for when one stops the run.
+grow with the input. The sink and the counting of one input share one scan (``collect_all``);
+an input divided between splits goes through one partitioned sink.
 In vocabulary mode the parsed keys are staged first, vocabularies are counted on the staged
 training split, and a second streaming pass maps keys to ids.
 
@@ -45,12 +44,7 @@ from ctrctl.data.readers import (
     scan_input,
 )
 from ctrctl.data.schema import Schema, load_schema
-from ctrctl.data.stats import (
-    EXACT_CARDINALITY_ROWS,
-    RowCounter,
-    dataset_features,
-    locate_bad_row,
-)
+from ctrctl.data.stats import EXACT_CARDINALITY_ROWS, dataset_features, locate_bad_row
 from ctrctl.data.transforms import (
     BAD,
     BAD_REASONS,
@@ -417,53 +411,62 @@ def _stream_job(
     row_group_size: int,
     progress: Progress,
 ) -> dict[str, dict[str, int]]:
-    """Stream one input to its Parquet parts in one pass; returns per-split counts.
-
-    The input is parsed once: rows are counted as they are written (:class:`RowCounter` on
-    the label column) and an input divided between splits goes through one partitioned sink.
-    The row number of a malformed row is only looked for when one stops the run.
-    """
-    possible = _possible_splits(job)
-    assert job.split_expr is not None
+    """Stream one input to its Parquet parts; returns per-split counts."""
     columns, bad = parsed_columns(schema)
     names = [c.meta.output_name() for c in columns]
+    assert job.split_expr is not None
+
+    def tick(rows: pl.Series) -> pl.Series:
+        progress.advance(len(rows))
+        return rows
+
     missing = [pl.col(c.name).is_null().alias(f"__missing.{c.name}") for c in schema.dense]
-    missing_names = [m.meta.output_name() for m in missing]
-    counter = RowCounter(schema.label, BAD_REASONS, missing_names, progress)
-    # Parse first, then count: the counter reads parsed columns instead of parsing again.
-    label = pl.struct(schema.label, BAD, SPLIT, *missing_names).map_batches(
-        counter, return_dtype=pl.Int8, is_elementwise=True).alias(schema.label)
-    # Only a split expression that is not a literal reads the row number.
-    scan = job.scan.plain if len(possible) == 1 else job.scan.frame
-    data = scan.select(*columns, bad, *missing, job.split_expr.alias(SPLIT))
-    data = data.select(label, *names[1:], SPLIT)
-    if on_bad_rows == "skip":  # on the counted label: the counter sees the malformed rows
-        data = data.filter(pl.col(schema.label).is_not_null())
+    frame = job.scan.frame.with_columns(
+        pl.col(ROW).map_batches(tick, is_elementwise=True, return_dtype=pl.UInt32)
+    ).select(pl.col(ROW), *columns, *missing, bad, job.split_expr.alias(SPLIT))
+    good = pl.col(BAD) == 0
+    kept = frame.filter(good) if on_bad_rows == "skip" else frame
+    data = kept.select(*names, SPLIT)
     if not staged:  # ids now; staged keys get theirs once the vocabularies are counted
         data = encode(data, kinds, vocabs)
+    # Splits this input may feed: a literal split expression feeds exactly one.
+    possible = _possible_splits(job)
     job.targets = [t for t in job.targets if t.split in possible]
     paths = {t.split: t.path for t in job.targets}
     for path in paths.values():
         path.parent.mkdir(parents=True, exist_ok=True)
-    sink: Path | pl.PartitionBy = paths[possible[0]]
     if len(possible) == 1:
-        data = data.drop(SPLIT)
+        part = data.filter(pl.col(SPLIT) == possible[0]).drop(SPLIT)
+        sink = part.sink_parquet(paths[possible[0]], compression=COMPRESSION,
+                                 row_group_size=row_group_size, lazy=True)
+    else:  # one partitioned sink: the rows are split once, not filtered once per split
+        sink = data.sink_parquet(
+            pl.PartitionBy(job.targets[0].path.parent.parent, key=SPLIT, include_key=False,
+                           file_path_provider=lambda args: paths[args.partition_keys[SPLIT][0]],
+                           approximate_bytes_per_file=None),
+            compression=COMPRESSION, row_group_size=row_group_size, lazy=True)
+    aggregates = [
+        pl.len().alias("rows_read"),
+        good.sum().alias("rows"),
+        pl.col(schema.label).filter(good).cast(pl.Int64).sum().alias("positives"),
+        *[(pl.col(BAD) == i + 1).sum().alias(r) for i, r in enumerate(BAD_REASONS)],
+        pl.col(ROW).filter(~good).min().alias("first_bad"),
+        *[pl.col(f"__missing.{c.name}").filter(good).sum() for c in schema.dense],
+    ]
+    if len(possible) == 1:  # one split: a plain aggregation, cheaper than a group-by
+        summary = frame.select(*aggregates, pl.lit(possible[0]).alias(SPLIT))
     else:
-        sink = pl.PartitionBy(
-            job.targets[0].path.parent.parent, key=SPLIT, include_key=False,
-            file_path_provider=lambda args: paths[args.partition_keys[SPLIT][0]],
-            approximate_bytes_per_file=None,
-        )
+        summary = frame.group_by(SPLIT).agg(aggregates)
     try:
-        data.sink_parquet(sink, compression=COMPRESSION, row_group_size=row_group_size)
+        results = pl.collect_all([sink, summary.lazy()], engine="streaming")
     except pl.exceptions.PolarsError as exc:
         raise InputDataError(f"cannot read input: {exc}", where=str(job.source.path)) from exc
-    counts = counter.totals
-    bad_rows = sum(c[r] for c in counts.values() for r in BAD_REASONS)
+    table = results[-1]
+    counts = {row[SPLIT]: row for row in table.iter_rows(named=True)}
+    bad_rows = sum(sum(int(r[k]) for k in BAD_REASONS) for r in counts.values())
     if bad_rows and on_bad_rows == "error":
-        first = job.scan.frame.select(pl.col(ROW).filter(bad != 0).min()).collect(
-            engine="streaming").item()
-        raise locate_bad_row(schema, job.scan, job.source.path, int(first), bad_rows)
+        first = min(int(r["first_bad"]) for r in counts.values() if r["first_bad"] is not None)
+        raise locate_bad_row(schema, job.scan, job.source.path, first, bad_rows)
     for split in possible:
         counts.setdefault(split, {"rows": 0, "rows_read": 0, "positives": 0})
     # A split that received no rows keeps no (empty) part.

@@ -43,8 +43,7 @@ class ScannedInput:
     """A lazy frame of an input's raw string columns plus ``__extra`` and ``__row``.
 
     Attributes:
-        frame: the lazy scan, with the row number ``__row``.
-        plain: the same scan without the row number (cheaper when no row number is needed).
+        frame: the lazy scan.
         header_lines: lines before the first data row (line of row r = r + 1 + header_lines).
         estimated_rows: rows guessed from the file size, or None (gzip, Parquet).
     """
@@ -52,7 +51,6 @@ class ScannedInput:
     frame: pl.LazyFrame
     header_lines: int
     estimated_rows: int | None
-    plain: pl.LazyFrame
 
 
 def parse_input(text: str) -> InputSource:
@@ -156,7 +154,7 @@ def scan_input(schema: Schema, path: Path) -> ScannedInput:
         frame = frame.select(
             *[pl.col(n).cast(pl.String) for n in names], pl.lit(None, pl.String).alias(EXTRA)
         )
-        return ScannedInput(frame.with_row_index(ROW), 0, None, frame)
+        return ScannedInput(frame.with_row_index(ROW), 0, None)
 
     sample = _sample(path)
     lines = sample.split(b"\n")
@@ -190,7 +188,7 @@ def scan_input(schema: Schema, path: Path) -> ScannedInput:
         extra_columns="ignore",
         empty_string_is_null=True,
     )
-    return ScannedInput(frame.with_row_index(ROW), 1 if has_header else 0, estimated, frame)
+    return ScannedInput(frame.with_row_index(ROW), 1 if has_header else 0, estimated)
 
 
 def raw_row(scan: ScannedInput, row: int) -> dict[str, str | None]:
