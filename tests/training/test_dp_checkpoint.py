@@ -4,6 +4,7 @@ block once (replicas from rank 0 only) and loads on 1 process with the same weig
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -32,7 +33,8 @@ def test_data_parallel_table_is_saved_once_and_loads_on_one_process(tmp_path: Pa
                       num_embeddings=[40, 50, 60, 30], row_group_size=256, seed=7)
     config = load_config(None, OVERRIDES)
     model = model_io.build_model(config, ds.manifest, torch.device("cpu"))
-    plan = forced_plan(model.sparse_arch.embedding_bag_configs(), 2, TYPES)
+    ebc: Any = model.sparse_arch
+    plan = forced_plan(ebc.embedding_bag_configs(), 2, TYPES)
     out = tmp_path / "run"
     ranks = run_multiprocess(train_body, 2, args=(str(ds.path), str(out), OVERRIDES,
                                                   plan.to_dict()), timeout_s=120)
@@ -46,11 +48,12 @@ def test_data_parallel_table_is_saved_once_and_loads_on_one_process(tmp_path: Pa
         assert sum(p.rows * p.cols for p in meta.pieces(table)) == rows * dim, table
 
     single, _, _ = load_model(out)
-    weights = single.sparse_arch.embedding_bag_weights()
+    loaded: Any = single.sparse_arch
+    weights = loaded.embedding_bag_weights()
     for table in TYPES:
         # the same bytes on every path: no arithmetic between save and load
         torch.testing.assert_close(weights[table], ranks[0]["tables"][table], rtol=0, atol=0)
         torch.testing.assert_close(ranks[1]["tables"][table], ranks[0]["tables"][table],
                                    rtol=0, atol=0)
-    assert not torch.equal(weights["C1"], model.sparse_arch.embedding_bag_weights()["C1"]), \
+    assert not torch.equal(weights["C1"], ebc.embedding_bag_weights()["C1"]), \
         "the data-parallel table trained"
