@@ -143,6 +143,9 @@ class TrainingConfig(_Section):
         bf16: run the dense MLPs under bfloat16 autocast.
         val_split: the split validated on.
         val_max_rows: cap on validation rows (None: the whole split).
+        global_order: every rank reads the split in the one-process order and takes its
+            slice of each global batch: W processes train on exactly the batches of one
+            process, at W times the reading cost.
     """
 
     batch_size: int = Field(default=4096, gt=0)
@@ -159,6 +162,7 @@ class TrainingConfig(_Section):
     bf16: bool = False
     val_split: str = "val"
     val_max_rows: int | None = Field(default=None, ge=1)
+    global_order: bool = False
 
 
 # ---- sections of the other steps -----------------------------------------------------------

@@ -14,6 +14,11 @@ The split's rows, in file order, are numbered ``0..N-1``. Over ``W`` ranks:
 The batch size given is the global batch ``B``; each rank yields ``B // W`` rows per step
 (``B`` must be a multiple of ``W``).
 
+With ``global_order=True`` (training only) every rank instead reads the whole split in the
+order of one process (``W = 1``, rank 0, same seed) and keeps rows ``[r*n//W, (r+1)*n//W)``
+of each global batch of ``n`` rows: ``W`` processes then train on exactly the batches of one
+process, at ``W`` times the reading cost.
+
 Shuffling, and why resume is exact
 ----------------------------------
 A rank's rows fall into *chunks* (a row group clipped to the rank's range). Each epoch the
@@ -165,6 +170,9 @@ class BatchLoader:
         max_rows: use at most this many rows of the split (the first ones in file order).
         pin_memory: put batches in page-locked memory (in the producer thread), for
             asynchronous copies to a GPU.
+        global_order: read the split in the one-process order (``world_size=1``, rank 0) and
+            yield this rank's slice ``[r*n//W, (r+1)*n//W)`` of each global batch of ``n``
+            rows, so ``W`` ranks together see exactly the batches of one process.
 
     Raises:
         DatasetError: a missing split, file or column, or a column of the wrong type.
@@ -189,6 +197,7 @@ class BatchLoader:
         max_rows: int | None = None,
         manifest: DatasetManifest | None = None,
         pin_memory: bool = False,
+        global_order: bool = False,
     ) -> None:
         self.path = Path(dataset)
         self.manifest = manifest or DatasetManifest.load(self.path)
@@ -219,12 +228,20 @@ class BatchLoader:
         if max_rows is not None:
             total = min(total, max_rows)
         self.split_rows = total
-        if cover_all:
+        self.global_order = global_order
+        # The stream batches are cut from: this rank's rows in batches of B // W, or (global
+        # order) the whole split in batches of B, shuffled with the keys of rank 0 of one.
+        self._stream_rank = 0 if global_order else rank
+        self._stream_batch = batch_size if global_order else self.batch_size
+        if global_order:
+            start, stop = 0, total
+        elif cover_all:
             start, stop = rank * total // world_size, (rank + 1) * total // world_size
         else:
             start = rank * total // world_size
             stop = start + total // world_size
-        self.rows = stop - start
+        self._stream_rows = stop - start
+        self.rows = total // world_size if global_order else stop - start
         self._chunks = self._make_chunks(start, stop)
         self._ones_cache: dict[int, torch.Tensor] = {}
 
@@ -301,8 +318,8 @@ class BatchLoader:
     def num_batches(self) -> int:
         """Batches per epoch on this rank (the same on every rank unless ``cover_all``)."""
         if self.drop_last:
-            return self.rows // self.batch_size
-        return -(-self.rows // self.batch_size)
+            return self._stream_rows // self._stream_batch
+        return -(-self._stream_rows // self._stream_batch)
 
     def __len__(self) -> int:
         return self.num_batches
@@ -311,7 +328,7 @@ class BatchLoader:
     def _windows(self, epoch: int) -> list[list[_Chunk]]:
         order = list(range(len(self._chunks)))
         if self.shuffle:
-            order = np.random.default_rng([self.seed, epoch, self.rank]).permutation(
+            order = np.random.default_rng([self.seed, epoch, self._stream_rank]).permutation(
                 len(self._chunks)).tolist()
         windows: list[list[_Chunk]] = []
         current: list[_Chunk] = []
@@ -338,7 +355,7 @@ class BatchLoader:
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         perm = None
         if self.shuffle:
-            perm = np.random.default_rng([self.seed, epoch, self.rank, index, 1]).permutation(
+            perm = np.random.default_rng([self.seed, epoch, self._stream_rank, index, 1]).permutation(
                 table.num_rows)
         return self._decode(table, perm)
 
@@ -384,6 +401,9 @@ class BatchLoader:
         return cached
 
     def _to_batch(self, block: _Block) -> Batch:
+        if self.global_order:
+            n, r, w = block.rows, self.rank, self.world_size
+            block = block.slice(r * n // w, (r + 1) * n // w)
         b = block.rows
         if not block.multihot:
             values = torch.from_numpy(np.ascontiguousarray(block.onehot).reshape(-1))
@@ -441,7 +461,7 @@ class BatchLoader:
                     future.cancel()
 
     def _batches(self, epoch: int, start_batch: int) -> Iterator[Batch]:
-        b = self.batch_size
+        b = self._stream_batch
         remaining = self.num_batches - start_batch
         carry: list[_Block] = []
         carried = 0

@@ -174,7 +174,7 @@ class _Trainer:
             dataset, "train", self.t.batch_size, rank=self.rank, world_size=self.world_size,
             shuffle=True, seed=self.t.seed, shuffle_buffer=self.t.shuffle_buffer,
             drop_last=self.t.drop_last, num_workers=workers, manifest=self.manifest,
-            pin_memory=self.device.type == "cuda")
+            pin_memory=self.device.type == "cuda", global_order=self.t.global_order)
         if self.loader.num_batches == 0:
             raise ConfigError(
                 f"the training split has {self.loader.rows} rows per rank, fewer than one "

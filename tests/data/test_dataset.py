@@ -135,6 +135,37 @@ def test_ranks_read_disjoint_equal_slices(ds: SyntheticDataset, world_size: int)
     assert first.batch_size == 60  # the global batch divided by the world size
 
 
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("start", [0, 3])
+def test_global_order_ranks_slice_the_one_process_batches(
+    ds: SyntheticDataset, world_size: int, start: int
+) -> None:
+    # 2300 rows in global batches of 300: 7 full ones and a last of 200 that 3 ranks split
+    # unevenly (66, 67, 67).
+    one = list(BatchLoader(ds.path, "train", 300, seed=3, shuffle_buffer=400,
+                           num_workers=0).epoch(1, start_batch=start))
+    loaders = [BatchLoader(ds.path, "train", 300, rank=r, world_size=world_size, seed=3,
+                           shuffle_buffer=400, global_order=True) for r in range(world_size)]
+    assert {ld.num_batches for ld in loaders} == {8}, "every rank must take the same steps"
+    per_rank = [list(ld.epoch(1, start_batch=start)) for ld in loaders]
+    assert all(len(batches) == len(one) == 8 - start for batches in per_rank)
+    for k, whole in enumerate(one):
+        n = whole.batch_size
+        parts = [batches[k] for batches in per_rank]
+        assert [p.batch_size for p in parts] == [
+            (r + 1) * n // world_size - r * n // world_size for r in range(world_size)]
+        want = _rows([whole])
+        got = [_rows([p]) for p in parts]
+        np.testing.assert_array_equal(np.concatenate([g["label"] for g in got]), want["label"])
+        np.testing.assert_array_equal(np.concatenate([g["dense"] for g in got]), want["dense"])
+        for key in ("C1", "C2", "C3", "C4"):
+            joined = [v for g in got for v in g[key]]
+            assert len(joined) == len(want[key])
+            for a, b in zip(joined, want[key], strict=True):
+                np.testing.assert_array_equal(a, b)
+
+
 def test_scoring_slices_cover_every_row_once(ds: SyntheticDataset) -> None:
     parts = [_rows(list(BatchLoader.for_scoring(ds.path, "test", 50, rank=r,
                                                  world_size=3).epoch()))["dense"]
