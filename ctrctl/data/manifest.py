@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctrctl.errors import DatasetError, FormatError
+from ctrctl.errors import CtrctlError, DatasetError, FormatError
 
 FORMAT = "ctrctl.dataset"
 FORMAT_VERSION = 1
@@ -186,17 +186,22 @@ class DatasetManifest:
     def load(cls, folder: str | Path) -> DatasetManifest:
         """Read and validate ``folder/manifest.json``."""
         path = Path(folder) / MANIFEST_NAME
-        if not path.is_file():
-            raise DatasetError(
-                "no manifest.json: not a dataset folder",
-                where=str(folder),
-                hint="create one with `ctrctl preprocess`",
-            )
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise FormatError(f"invalid JSON: {exc}", where=str(path)) from exc
+        data = read_json_file(path, DatasetError(
+            "no manifest.json: not a dataset folder", where=str(folder),
+            hint="create one with `ctrctl preprocess`"))
         return cls.from_dict(data, where=str(path))
+
+
+def read_json_file(path: str | Path, missing: CtrctlError) -> Any:
+    """Parse a JSON file: ``missing`` is raised when it does not exist, FormatError when it
+    is not JSON (naming the file and the position)."""
+    path = Path(path)
+    if not path.is_file():
+        raise missing
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"invalid JSON: {exc}", where=str(path)) from exc
 
 
 def _umask() -> int:

@@ -22,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -194,14 +193,10 @@ class ShardingPlan:
 
     @classmethod
     def load(cls, path: str | Path) -> ShardingPlan:
-        path = Path(path)
-        if not path.is_file():
-            raise PlanError("plan file not found", where=str(path),
-                            hint="write one with `ctrctl plan`")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise FormatError(f"invalid JSON: {exc}", where=str(path)) from exc
+        from ctrctl.data.manifest import read_json_file
+
+        data = read_json_file(path, PlanError("plan file not found", where=str(path),
+                                              hint="write one with `ctrctl plan`"))
         return cls.from_dict(data, where=str(path))
 
     # ---- validation ------------------------------------------------------------------

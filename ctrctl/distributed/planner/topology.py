@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,14 +197,11 @@ class Topology:
     def load(cls, path: str | Path, world_size: int | None = None,
              local_world_size: int | None = None) -> Topology:
         """Read ``topology.json``; ``world_size``/``local_world_size`` replace the file's."""
-        path = Path(path)
-        if not path.is_file():
-            raise PlanError("topology file not found", where=str(path),
-                            hint="write one with `ctrctl plan --calibrate`")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise FormatError(f"invalid JSON: {exc}", where=str(path)) from exc
+        from ctrctl.data.manifest import read_json_file
+
+        data = read_json_file(path, PlanError(
+            "topology file not found", where=str(path),
+            hint="write one with `ctrctl plan --calibrate`"))
         topo = cls.from_dict(data, where=str(path))
         if world_size is not None:
             topo = topo.with_world(world_size, local_world_size)
