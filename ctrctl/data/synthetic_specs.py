@@ -46,6 +46,12 @@ def default_cardinality(full_size: int) -> int:
     return full_size if full_size < 1_000_000 else full_size // 10
 
 
+def zipf_exponent(cardinality: int) -> float:
+    """Zipf exponent of a feature: steeper for small vocabularies (a few values dominate),
+    flatter for large ones (a long tail), as in real click logs."""
+    return 1.2 if cardinality <= 1000 else 1.1
+
+
 @dataclass(frozen=True)
 class SparseSpec:
     """A categorical column.
@@ -185,7 +191,7 @@ def _criteo() -> FormatSpec:
             SparseSpec(
                 name,
                 size,
-                exponent=1.2 if size <= 1000 else 1.1,
+                exponent=zipf_exponent(size),
                 effect=effects.get(name, 0.0),
                 group=sparse_groups.get(name),
             )
@@ -241,7 +247,7 @@ def _avazu() -> FormatSpec:
             SparseSpec(
                 name,
                 size,
-                exponent=1.2 if size <= 1000 else 1.1,
+                exponent=zipf_exponent(size),
                 effect=effects.get(name, 0.0),
                 group=sparse_groups.get(name),
                 values=values,
