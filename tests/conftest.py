@@ -26,3 +26,16 @@ def criteo_8k() -> Path:
 @pytest.fixture
 def avazu_9k() -> Path:
     return shared_data("avazu-9k")
+
+
+@pytest.fixture(autouse=True)
+def _seeded_rngs() -> None:
+    """Every test starts from the same random state, so a pass or a failure repeats."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
