@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 import polars as pl
 
+from ctrctl.data.fastpath import SplitRule, fast_layout, stream_fast
 from ctrctl.data.manifest import DatasetManifest, SplitInfo
 from ctrctl.data.readers import (
     SPLIT_NAMES,
@@ -95,6 +96,8 @@ class _Job:
     scan: ScannedInput
     targets: list[_Target] = field(default_factory=list)
     split_expr: pl.Expr | None = None
+    #: The same rule in plain terms, for the native fast path (``ctrctl.data.fastpath``).
+    split_rule: SplitRule | None = None
 
 
 def _parse_ratio(text: str | Sequence[float] | None) -> tuple[float, float, float] | None:
@@ -162,8 +165,10 @@ def _plan_jobs(
                 rows = job.scan.frame.select(pl.len()).collect(engine="streaming").item()
                 job.split_expr = pl.when(pl.col(ROW) < rows // 2).then(pl.lit("val"))
                 job.split_expr = job.split_expr.otherwise(pl.lit("test"))
+                job.split_rule = ("halves", rows // 2)
             else:
                 job.split_expr = pl.lit("train")
+                job.split_rule = ("literal", "train")
         elif source.split is None and ratio is not None:
             u = random_unit(pl.col(ROW), job.index, seed)
             job.split_expr = (
@@ -171,8 +176,10 @@ def _plan_jobs(
                 .when(u < ratio[0] + ratio[1]).then(pl.lit("val"))
                 .otherwise(pl.lit("test"))
             )
+            job.split_rule = ("ratio", (ratio[0], ratio[1]), job.index, seed)
         else:
             job.split_expr = pl.lit(source.split or "train")
+            job.split_rule = ("literal", source.split or "train")
     return jobs
 
 
@@ -411,7 +418,25 @@ def _stream_job(
     row_group_size: int,
     progress: Progress,
 ) -> dict[str, dict[str, int]]:
-    """Stream one input to its Parquet parts; returns per-split counts."""
+    """Stream one input to its Parquet parts; returns per-split counts.
+
+    Inputs the native parser can take go through it (``ctrctl.data.fastpath``); the rest, and
+    any input with a row it does not take, go through polars.
+    """
+    possible = _possible_splits(job)
+    job.targets = [t for t in job.targets if t.split in possible]
+    paths = {t.split: t.path for t in job.targets}
+    layout = None if staged or job.split_rule is None else fast_layout(schema, kinds)
+    if layout is not None:
+        assert job.split_rule is not None
+        counted = _CountedProgress(progress)
+        fast = stream_fast(layout, job.source.path, job.scan.header_lines, job.split_rule,
+                           paths, row_group_size, COMPRESSION, counted)
+        if fast is not None:
+            return _keep_filled_targets(job, fast, possible)
+        logger.info("%s has rows the fast path does not take; reading it again with polars",
+                    job.source.path)
+        progress.advance(-counted.done)
     columns, bad = parsed_columns(schema)
     names = [c.meta.output_name() for c in columns]
     assert job.split_expr is not None
@@ -429,10 +454,6 @@ def _stream_job(
     data = kept.select(*names, SPLIT)
     if not staged:  # ids now; staged keys get theirs once the vocabularies are counted
         data = encode(data, kinds, vocabs)
-    # Splits this input may feed: a literal split expression feeds exactly one.
-    possible = _possible_splits(job)
-    job.targets = [t for t in job.targets if t.split in possible]
-    paths = {t.split: t.path for t in job.targets}
     for path in paths.values():
         path.parent.mkdir(parents=True, exist_ok=True)
     if len(possible) == 1:
@@ -467,9 +488,26 @@ def _stream_job(
     if bad_rows and on_bad_rows == "error":
         first = min(int(r["first_bad"]) for r in counts.values() if r["first_bad"] is not None)
         raise locate_bad_row(schema, job.scan, job.source.path, first, bad_rows)
+    return _keep_filled_targets(job, counts, possible)
+
+
+class _CountedProgress(Progress):
+    """Forwards to ``inner`` and counts what was done, to take it back on a fallback."""
+
+    def __init__(self, inner: Progress):
+        self.inner = inner
+        self.done = 0.0
+
+    def advance(self, amount: float = 1, **fields: Any) -> None:
+        self.done += amount
+        self.inner.advance(amount, **fields)
+
+
+def _keep_filled_targets(job: _Job, counts: dict[str, dict[str, Any]],
+                         possible: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Counts for every possible split; a split that received no rows keeps no (empty) part."""
     for split in possible:
         counts.setdefault(split, {"rows": 0, "rows_read": 0, "positives": 0})
-    # A split that received no rows keeps no (empty) part.
     for target in list(job.targets):
         if counts[target.split]["rows"] == 0:
             target.path.unlink(missing_ok=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from ctrctl.data.schema import DERIVED_SIZES, Column, Schema
@@ -37,7 +38,7 @@ STRING_HASH_SEED = 0
 
 
 def label_value(column: Column) -> tuple[pl.Expr, pl.Expr]:
-    """(label as int8, malformed): the label must be exactly "0" or "1"."""
+    """(label as int8, malformed): the label must be exactly "0" or "1"; missing is malformed."""
     raw = pl.col(column.name)
     value = (raw == "1").cast(pl.Int8)
     bad = ~raw.is_in(["0", "1"]).fill_null(False)
@@ -206,6 +207,17 @@ def random_unit(row: pl.Expr, stream: int, seed: int) -> pl.Expr:
     z = (z ^ (z // 2**27)) * pl.lit(0x94D049BB133111EB, pl.UInt64)
     z = z ^ (z // 2**31)
     return (z // 2**11).cast(pl.Float64) * (1.0 / 2**53)
+
+
+def random_unit_numpy(row: np.ndarray, stream: int, seed: int) -> np.ndarray:
+    """:func:`random_unit` of uint64 row numbers in numpy: the same floats, bit for bit."""
+    base = np.uint64(_splitmix64(_splitmix64(seed) ^ stream))
+    with np.errstate(over="ignore"):
+        z = row.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + base
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
 
 
 def _splitmix64(value: int) -> int:
