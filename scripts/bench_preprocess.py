@@ -3,7 +3,8 @@
 Synthetic Criteo logs (``ctrctl synth``) go through the cases below, each in its own
 subprocess that reports its own peak RSS (``VmHWM``):
 
-- ctrctl, hashing mode (schemas/criteo.yaml);
+- ctrctl, hashing mode (schemas/criteo.yaml), on its native fast path (the default for
+  Criteo-shaped TSV) and on the polars path alone (``CTRCTL_PREPROCESS_ENGINE=polars``);
 - ctrctl, vocabulary mode (every sparse feature with ``min_count``);
 - pandas: ``read_csv`` + per-column transforms (missing -> 0, negatives -> 0, log1p; hex ->
   int mod hash size) + ``to_parquet``, on at most ``--pandas-rows`` rows (pandas holds the
@@ -127,9 +128,13 @@ def worker(args: argparse.Namespace) -> int:
 # ---- the driver --------------------------------------------------------------------------
 def _run(kind: str, source: Path, target: Path, min_count: int) -> dict[str, float]:
     """Run one worker in a subprocess; its rows, seconds and peak RSS (measured by itself)."""
+    env = dict(os.environ)
+    if kind == "ctrctl-hash-polars":
+        kind = "ctrctl-hash"
+        env["CTRCTL_PREPROCESS_ENGINE"] = "polars"
     command = [sys.executable, __file__, "--worker", kind, "--input", str(source),
                "--target", str(target), "--min-count", str(min_count)]
-    proc = subprocess.run(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.run(command, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} failed with exit code {proc.returncode}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -167,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     pandas_logs = _head(logs, logs.with_name(f"head-{args.pandas_rows}.tsv"), args.pandas_rows)
     tenth = _head(logs, logs.with_name(f"head-{args.rows // 10}.tsv"), args.rows // 10)
     scratch = args.data / "scratch"
-    cases = [("ctrctl-hash", logs), ("ctrctl-vocab", logs), ("pandas", pandas_logs),
+    cases = [("ctrctl-hash", logs), ("ctrctl-hash-polars", logs), ("ctrctl-vocab", logs),
+             ("pandas", pandas_logs),
              ("ctrctl-hash-tenth", tenth)]
     results: dict[str, dict[str, float]] = {}
     for name, source in cases:

@@ -127,7 +127,7 @@ def fast_layout(schema: Schema, kinds: Mapping[str, tuple[str, int | None, bool]
     )
 
 
-def _blocks(path: Path, header_lines: int, block_bytes: int) -> Iterator[bytes]:
+def _blocks(path: Path, header_lines: int, block_bytes: int) -> Iterator[bytearray]:
     """Whole lines of ``path`` (plain or gzip) in blocks of about ``block_bytes``."""
     with path.open("rb") as probe:
         gzipped = probe.read(2) == b"\x1f\x8b"
@@ -137,17 +137,20 @@ def _blocks(path: Path, header_lines: int, block_bytes: int) -> Iterator[bytes]:
             handle.readline()
         rest = b""
         while True:
-            chunk = handle.read(block_bytes)
-            if not chunk:
+            block = bytearray(len(rest) + block_bytes)
+            block[: len(rest)] = rest
+            size = len(rest) + handle.readinto(memoryview(block)[len(rest):])
+            if size == len(rest):  # end of input
                 if rest:
-                    yield rest
+                    yield bytearray(rest)
                 return
-            cut = chunk.rfind(b"\n")
-            if cut < 0:
-                rest += chunk
+            cut = block.rfind(b"\n", 0, size) + 1
+            if cut == 0:  # no line ends in this block yet: read on
+                rest = bytes(block[:size])
                 continue
-            yield rest + chunk[: cut + 1] if rest else chunk[: cut + 1]
-            rest = chunk[cut + 1 :]
+            rest = bytes(block[cut:size])
+            del block[cut:]
+            yield block
 
 
 @dataclass
@@ -160,7 +163,7 @@ class _Parsed:
     missing: np.ndarray
 
 
-def _parse(block: bytes, layout: FastLayout) -> _Parsed:
+def _parse(block: bytearray, layout: FastLayout) -> _Parsed:
     capacity = block.count(b"\n") + 1
     label = np.empty(capacity, np.int8)
     dense = np.empty((len(layout.dense), capacity), np.float32)
@@ -197,19 +200,27 @@ class _Writer:
 
 @dataclass
 class _SplitSink:
-    """Rows of one split, buffered into row groups of exactly ``row_group_size``."""
+    """Rows of one split, buffered into row groups of exactly ``row_group_size``.
+
+    Parsed columns become Arrow arrays without a copy; a row group is a zero-copy slice of
+    the buffered pieces, encoded and written on the writer thread.
+    """
 
     path: Path
     layout: FastLayout
     row_group_size: int
     compression: str
     writes: _Writer
-    pieces: list[_Parsed] = field(default_factory=list)
+    pieces: list[pa.Table] = field(default_factory=list)
     buffered: int = 0
     writer: pq.ParquetWriter | None = None
 
     def add(self, piece: _Parsed) -> None:
-        self.pieces.append(piece)
+        layout = self.layout
+        columns = [pa.array(piece.label)]
+        columns += [pa.array(piece.dense[j]) for j in range(len(layout.dense))]
+        columns += [pa.array(piece.sparse[j]) for j in range(len(layout.sparse))]
+        self.pieces.append(pa.Table.from_arrays(columns, schema=layout.arrow_schema()))
         self.buffered += piece.rows
         while self.buffered >= self.row_group_size:
             self._write(self.row_group_size)
@@ -222,24 +233,16 @@ class _SplitSink:
             self.writer.close()
 
     def _write(self, rows: int) -> None:
-        label = np.concatenate([p.label for p in self.pieces])
-        dense = np.concatenate([p.dense for p in self.pieces], axis=1)
-        sparse = np.concatenate([p.sparse for p in self.pieces], axis=1)
-        layout = self.layout
-        columns = [pa.array(label[:rows])]
-        columns += [pa.array(dense[j, :rows]) for j in range(len(layout.dense))]
-        columns += [pa.array(sparse[j, :rows]) for j in range(len(layout.sparse))]
         if self.writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.writer = pq.ParquetWriter(self.path, layout.arrow_schema(),
-                                           compression=self.compression)
-        table = pa.Table.from_arrays(columns, schema=layout.arrow_schema())
-        self.writes.submit(self.writer.write_table, table, rows)
-        left = self.buffered - rows
-        empty = np.empty(0, np.uint64)
-        self.pieces = [_Parsed(left, -1, label[rows:], dense[:, rows:], sparse[:, rows:],
-                               empty)] if left else []
-        self.buffered = left
+            # Dictionaries pay for the ids (repeats) but not for the dense floats.
+            self.writer = pq.ParquetWriter(
+                self.path, self.layout.arrow_schema(), compression=self.compression,
+                use_dictionary=[self.layout.label, *self.layout.sparse])
+        table = pa.concat_tables(self.pieces)
+        self.writes.submit(self.writer.write_table, table.slice(0, rows), rows)
+        self.buffered -= rows
+        self.pieces = [table.slice(rows)] if self.buffered else []
 
 
 def _assign(rule: SplitRule, start: int, rows: int) -> np.ndarray | str:
@@ -351,8 +354,5 @@ def _count(piece: _Parsed, counts: dict[str, Any], layout: FastLayout) -> None:
     counts["rows"] += piece.rows
     counts["positives"] += int(piece.label.sum(dtype=np.int64))
     if piece.rows and piece.missing.any():
-        bits = np.unpackbits(piece.missing.astype("<u8").view(np.uint8).reshape(-1, 8), axis=1,
-                             bitorder="little")
-        per_bit = bits.sum(axis=0, dtype=np.int64)
         for j, name in enumerate(layout.dense):
-            counts[f"__missing.{name}"] += int(per_bit[j])
+            counts[f"__missing.{name}"] += int(np.count_nonzero(piece.missing & np.uint64(1 << j)))
