@@ -190,16 +190,29 @@ def roc_auc(prob: np.ndarray, label: np.ndarray) -> float:
         0.75
     """
     label = np.asarray(label).astype(bool)
+    prob = np.ascontiguousarray(prob)
     positives = int(label.sum())
     negatives = len(label) - positives
     if positives == 0 or negatives == 0:
         return float("nan")
-    values, inverse = np.unique(np.asarray(prob), return_inverse=True)
-    pos = np.bincount(inverse, weights=label, minlength=len(values))
-    total = np.bincount(inverse, minlength=len(values)).astype(np.float64)
-    neg = total - pos
+    bits = prob.view(np.uint32) if prob.dtype == np.float32 else None
+    if bits is not None and int(bits.max()) < 0x7F800000:
+        # Non-negative finite float32 order as their bit patterns: sort one uint32 key per
+        # row (value, then label) instead of an argsort of the values.
+        keys = np.sort((bits << np.uint32(1)) | label)
+        starts = np.flatnonzero(np.diff(keys >> np.uint32(1))) + 1  # where a value begins
+        ends = np.append(starts, len(keys))
+        starts = np.insert(starts, 0, 0)
+        pos = np.add.reduceat(keys & np.uint32(1), starts, dtype=np.int64)
+        neg = ends - starts - pos
+    else:
+        values, inverse = np.unique(prob, return_inverse=True)
+        pos = np.bincount(inverse, weights=label, minlength=len(values)).astype(np.int64)
+        neg = np.bincount(inverse, minlength=len(values)) - pos
     neg_below = np.cumsum(neg) - neg
-    return float(np.sum(pos * (neg_below + 0.5 * neg)) / (positives * negatives))
+    # Twice the sum over positives of (negatives below + half the negatives tied), exactly.
+    twice = 2 * int(np.dot(pos, neg_below)) + int(np.dot(pos, neg))
+    return twice / (2 * positives * negatives)
 
 
 def encoded_chunks(

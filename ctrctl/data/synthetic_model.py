@@ -5,6 +5,11 @@ Categorical values are Zipf ranks; a rank's printed value is a bijective 32-bit 
 column's value table for Avazu's integer columns. A rank's click effect comes from a table
 drawn once per feature and seed, for its :data:`EFFECT_HEAD` most frequent ranks.
 
+Columns whose values come from a fixed table (dense counts from their normal levels, hashes of
+ranks, integer values, labels, hours) leave the model as
+:class:`~ctrctl.data.synthetic_text.Coded` positions in that table, so the text encoder prints
+each table entry once and reads it per row.
+
 Example:
     >>> model = click_model("criteo", seed=0)
     >>> batch = model.batch(chunk=0, start_row=0, n=1000, total_rows=1000)
@@ -28,16 +33,21 @@ from ctrctl.data.synthetic_specs import (
     SparseSpec,
     format_spec,
 )
-from ctrctl.data.synthetic_text import Column, encode_columns
+from ctrctl.data.synthetic_text import Coded, Column, Dictionary, encode_columns, text_words
 
 #: Rows per chunk; part of the output's definition (chunk k draws from stream (seed, k)).
 CHUNK_ROWS = 65_536
 #: Frequent ranks of each side of the pairwise interaction that get a pair effect.
 INTERACTION_HEAD = 100
-#: Marks a missing count inside the model (an Arrow null outside it).
-MISSING = np.iinfo(np.int64).min
 #: Avazu's ten days of hours, 2014-10-21 00h to 2014-10-30 23h.
 AVAZU_HOURS = 240
+#: Ranks whose hashes are tabulated (one 8-byte text word per rank: 512 KiB); rarer ranks
+#: of larger vocabularies (about a tenth of their rows) are hashed and printed per row.
+HASH_TABLE_MAX = 65_536
+#: Negative counts (Criteo's I2) follow the normal levels in a dense column's dictionary.
+NEGATIVE_VALUES = (-1, -2, -3)
+#: Labels and clicks print from this table.
+LABELS = Dictionary(np.array([0, 1], dtype=np.int8))
 
 _FORMAT_STREAM = {"criteo": 0, "avazu": 1}
 
@@ -69,7 +79,8 @@ class ChunkColumns:
     Attributes:
         names: column names in file order.
         columns: ``(values, missing)`` per column (see :data:`Column`): uint32 values are
-            hashes printed as 8 hex digits, other integers print in decimal.
+            hashes printed as 8 hex digits, other integers print in decimal; values drawn
+            from a table are :class:`Coded` positions in it.
         prob: float32 true click probability of each row.
         labels: int8 sampled clicks.
     """
@@ -82,7 +93,13 @@ class ChunkColumns:
     def table(self) -> pa.Table:
         """The columns as Arrow (hex strings, int64 with nulls where missing)."""
         arrays: list[pa.Array] = []
-        for values, missing in self.columns:
+        for column, missing in self.columns:
+            if isinstance(column, Coded):
+                values, marked = column.decode(), column.missing()
+                if marked is not None:
+                    missing = marked if missing is None else missing | marked
+            else:
+                values = column
             if values.dtype == np.uint32:
                 arrays.append(hex_strings(values, None if missing is None else ~missing))
             elif missing is not None:
@@ -107,6 +124,44 @@ def _mix32(x: np.ndarray) -> np.ndarray:
     x *= np.uint32(0x846CA68B)
     x ^= x >> np.uint32(16)
     return x
+
+
+class RankHashes(Dictionary):
+    """The hashes of the ranks ``[0, cardinality)`` of a feature, as a :class:`Dictionary`
+    that tabulates only the first :data:`HASH_TABLE_MAX` (Zipf ranks: the frequent ones).
+
+    Args:
+        cardinality: number of ranks.
+        salt: the feature's salt (different features hash a rank differently).
+
+    Example:
+        >>> hashes = RankHashes(10**6, np.uint32(7))
+        >>> len(hashes), hashes.decode(np.array([3, 999_999])).dtype
+        (1000000, dtype('uint32'))
+    """
+
+    def __init__(self, cardinality: int, salt: np.uint32):
+        head = min(cardinality, HASH_TABLE_MAX)
+        super().__init__(_mix32(np.arange(head, dtype=np.uint32) ^ salt))
+        self.cardinality = cardinality
+        self.salt = salt
+
+    def __len__(self) -> int:
+        return self.cardinality
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        return _mix32(codes.astype(np.uint32) ^ self.salt)
+
+    def words(self, codes: np.ndarray) -> list[np.ndarray]:
+        if self.cardinality <= HASH_TABLE_MAX:
+            return super().words(codes)
+        (table,) = self.tables()  # the first HASH_TABLE_MAX ranks, then the empty text
+        words = np.take(table, np.minimum(codes, HASH_TABLE_MAX))  # rare ranks: empty
+        at = np.flatnonzero(codes >= HASH_TABLE_MAX)
+        rare = codes[at]
+        at, rare = at[rare < self.cardinality], rare[rare < self.cardinality]  # not missing
+        words[at] = text_words(self.decode(rare))[:, 0]
+        return [words]
 
 
 @functools.lru_cache(maxsize=1)
@@ -156,7 +211,8 @@ def int_array(values: np.ndarray, missing: np.ndarray | None = None) -> pa.Array
 
 
 def zipf_ranks(u: np.ndarray, cardinality: int, exponent: float) -> np.ndarray:
-    """Ranks in ``[0, cardinality)`` with ``P(r) ~ (r + 1) ** -exponent`` from uniforms ``u``.
+    """Ranks in ``[0, cardinality)`` with ``P(r) ~ (r + 1) ** -exponent`` from uniforms ``u``,
+    as uint32.
 
     Inverts the continuous density ``x ** -exponent`` on ``[0.5, cardinality + 0.5]``: each
     rank takes the mass of its unit interval (the midpoint rule), so no table of
@@ -164,16 +220,22 @@ def zipf_ranks(u: np.ndarray, cardinality: int, exponent: float) -> np.ndarray:
     equal slices of ``[0, 1)``: a draw whose slice lies within one rank reads it from the
     table, the others (rare ranks) compute it, which gives the same ranks as computing all.
     """
+    return _zipf_positions(u, cardinality, exponent).astype(np.uint32)
+
+
+def _zipf_positions(u: np.ndarray, cardinality: int, exponent: float) -> np.ndarray:
+    """:func:`zipf_ranks` as intp, ready to index tables with (numpy indexes several times
+    faster with intp than with narrower integers)."""
     if cardinality == 1:
-        return np.zeros(len(u), dtype=np.uint32)
+        return np.zeros(len(u), dtype=np.intp)
     table = _zipf_table(cardinality, exponent)
     if table is None:
-        return _zipf_inverse(u, cardinality, exponent).view(np.uint32)
+        return _zipf_inverse(u, cardinality, exponent)
     ranks = np.take(table, (u * ZIPF_BUCKETS).astype(np.intp))
     between = np.flatnonzero(ranks < 0)
     if len(between):
         ranks[between] = _zipf_inverse(u[between], cardinality, exponent)
-    return ranks.view(np.uint32)
+    return ranks
 
 
 #: Slices of ``[0, 1)`` in the tabulated Zipf inverse (see :func:`zipf_ranks`).
@@ -181,25 +243,25 @@ ZIPF_BUCKETS = 65_536
 
 
 def _zipf_inverse(u: np.ndarray, cardinality: int, exponent: float) -> np.ndarray:
-    """The rank of each uniform by the inverse of the continuous density, as int32."""
+    """The rank of each uniform by the inverse of the continuous density, as intp."""
     q = 1.0 - exponent
     lo, hi = 0.5**q, (cardinality + 0.5) ** q
     x = np.exp(np.log(lo + u * (hi - lo)) * (1.0 / q))
-    ranks = (x + 0.5).astype(np.int64) - 1
+    ranks = (x + 0.5).astype(np.intp) - 1
     np.clip(ranks, 0, cardinality - 1, out=ranks)
-    return ranks.astype(np.int32)
+    return ranks
 
 
 @functools.lru_cache(maxsize=128)
 def _zipf_table(cardinality: int, exponent: float) -> np.ndarray | None:
-    """int32 rank of each slice ``[b, b + 1) / ZIPF_BUCKETS``, -1 where it spans ranks;
+    """intp rank of each slice ``[b, b + 1) / ZIPF_BUCKETS``, -1 where it spans ranks;
     None when over 5% of the mass spans ranks (large vocabularies): computing is faster."""
     edges = np.arange(ZIPF_BUCKETS + 1, dtype=np.float64) / ZIPF_BUCKETS
     first = _zipf_inverse(edges[:-1], cardinality, exponent)
     last = _zipf_inverse(np.nextafter(edges[1:], 0.0), cardinality, exponent)
     if np.mean(first != last) > 0.05:
         return None
-    return np.where(first == last, first, -1).astype(np.int32)
+    return np.where(first == last, first, -1).astype(np.intp)
 
 
 #: Levels of the standard normal behind the dense counts (see :func:`_normal_levels`).
@@ -224,6 +286,7 @@ class _Feature:
     salt: np.uint32
     effects: np.ndarray  # (min(K, EFFECT_HEAD) + 1,) float64; the last entry (rare/missing) 0
     int_values: np.ndarray | None  # (K,) int64 for integer-valued columns
+    dictionary: Dictionary  # the printed value of every rank: int_values or hashes
 
 
 class ClickModel:
@@ -246,6 +309,12 @@ class ClickModel:
             )
             for d in spec.dense
         ]
+        # A dense column's codes: its level, or NORMAL_LEVELS + i for NEGATIVE_VALUES[i].
+        self.dense_dictionaries = [
+            Dictionary(np.concatenate([values, np.array(NEGATIVE_VALUES, dtype=np.int64)]))
+            for values in self.dense_values
+        ]
+        self.hours = Dictionary(_avazu_hours(np.arange(AVAZU_HOURS)))
         self.by_name = {f.spec.name: f for f in self.features}
         self.pair: np.ndarray | None = None
         if spec.interaction is not None:
@@ -277,7 +346,12 @@ class ClickModel:
                     [pool, np.arange(extra - len(pool), dtype=np.int64) + high + 1]
                 )
             int_values = np.concatenate([listed, rng.permutation(pool)[:extra]])
-        return _Feature(spec, salt, effects, int_values)
+        dictionary = (
+            Dictionary(int_values)
+            if int_values is not None
+            else RankHashes(spec.cardinality, salt)
+        )
+        return _Feature(spec, salt, effects, int_values, dictionary)
 
     def _solve_bias(self) -> float:
         """The bias giving the target label rate, by bisection on a calibration sample."""
@@ -292,12 +366,12 @@ class ClickModel:
 
     def _draw(
         self, rng: np.random.Generator, n: int, start_row: int, total_rows: int
-    ) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray | None]], dict[str, np.ndarray]]:
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Logits (without bias) and raw columns of ``n`` rows.
 
         Returns:
-            logits (n,), sparse name -> (ranks uint32, missing mask or None),
-            dense name -> int64 values, :data:`MISSING` where missing.
+            logits (n,), sparse name -> ranks, dense name -> codes in the column's
+            dictionary; both intp, the dictionary's missing code where missing.
         """
         spec = self.spec
         logits = np.zeros(n)
@@ -308,55 +382,49 @@ class ClickModel:
             else:
                 missing[group] = rng.random(n) < rate
         dense: dict[str, np.ndarray] = {}
-        for d, table in zip(spec.dense, self.dense_values, strict=True):
-            level = rng.integers(0, NORMAL_LEVELS, n, dtype=np.uint16)
-            values = np.take(table, level)
-            if d.negative_rate:
-                negative = rng.random(n) < d.negative_rate
-                # Mostly -1, rarely -2 or -3, as Criteo's I2.
-                values[negative] = -1 - (rng.random(int(negative.sum())) < 0.05).astype(
-                    np.int64
-                ) * (1 + (rng.random(int(negative.sum())) < 0.3))
+        for d, dictionary in zip(spec.dense, self.dense_dictionaries, strict=True):
+            level = rng.integers(0, NORMAL_LEVELS, n, dtype=np.uint16).astype(np.intp)
             mask = missing.get(d.group) if d.group else None
             if d.effect:
                 contribution = d.effect * spec.effect_scale * np.take(_normal_levels(), level)
                 if mask is not None:
-                    contribution[mask] = 0.0
+                    np.putmask(contribution, mask, 0.0)
                 logits += contribution
+            codes = level
+            if d.negative_rate:
+                negative = np.flatnonzero(rng.random(n) < d.negative_rate)
+                # Mostly -1, rarely -2 or -3, as Criteo's I2.
+                deeper = rng.random(len(negative)) < 0.05
+                deepest = rng.random(len(negative)) < 0.3
+                codes[negative] = NORMAL_LEVELS + deeper * (1 + deepest.astype(np.intp))
             if mask is not None:
-                values[mask] = MISSING
-            dense[d.name] = values
-        sparse: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+                np.putmask(codes, mask, dictionary.missing_code)
+            dense[d.name] = codes
+        sparse: dict[str, np.ndarray] = {}
         placeholder = spec.name == "avazu"  # Avazu has no empty fields: rank 0 stands in
         for f in self.features:
             s = f.spec
             mask = missing.get(s.group) if s.group else None
             u = rng.random(n)
             if mask is not None and placeholder:
-                ranks = zipf_ranks(u, max(s.cardinality - 1, 1), s.exponent) + np.uint32(1)
-                np.minimum(ranks, np.uint32(s.cardinality - 1), out=ranks)
-                ranks[mask] = 0
+                ranks = _zipf_positions(u, max(s.cardinality - 1, 1), s.exponent) + 1
+                np.minimum(ranks, s.cardinality - 1, out=ranks)
+                np.putmask(ranks, mask, 0)
                 mask = None
             else:
-                ranks = zipf_ranks(u, s.cardinality, s.exponent)
-            if s.effect:
-                head = len(f.effects) - 1
-                index = np.minimum(ranks, np.uint32(head))
+                ranks = _zipf_positions(u, s.cardinality, s.exponent)
                 if mask is not None:
-                    index[mask] = head
-                logits += f.effects[index]
-            sparse[s.name] = (ranks, mask)
+                    # The missing code, cardinality, is past every rank: in the effect and
+                    # pair tables below it reads the last entry (no effect), as rare ranks.
+                    np.putmask(ranks, mask, f.dictionary.missing_code)
+            if s.effect:
+                logits += np.take(f.effects, np.minimum(ranks, len(f.effects) - 1))
+            sparse[s.name] = ranks
         if self.pair is not None and spec.interaction is not None:
             a, b, _ = spec.interaction
-            ra, ma = sparse[a]
-            rb, mb = sparse[b]
-            ia = np.minimum(ra, np.uint32(self.pair.shape[0] - 1)).astype(np.intp)
-            ib = np.minimum(rb, np.uint32(self.pair.shape[1] - 1)).astype(np.intp)
-            if ma is not None:
-                ia[ma] = self.pair.shape[0] - 1
-            if mb is not None:
-                ib[mb] = self.pair.shape[1] - 1
-            logits += self.pair[ia, ib]
+            ia = np.minimum(sparse[a], self.pair.shape[0] - 1)
+            ib = np.minimum(sparse[b], self.pair.shape[1] - 1)
+            logits += np.take(self.pair.ravel(), ia * self.pair.shape[1] + ib)
         if spec.name == "avazu":
             hours = _avazu_hour_index(start_row, n, total_rows)
             logits += 0.2 * np.sin(2 * np.pi * (hours % 24) / 24.0)
@@ -372,21 +440,18 @@ class ClickModel:
         columns: dict[str, Column] = {}
         if self.spec.name == "avazu":
             columns["id"] = (rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False), None)
-            columns["click"] = (label, None)
+            columns["click"] = (Coded(label.astype(np.intp), LABELS), None)
             hours = _avazu_hour_index(start_row, n, total_rows)
-            # YYMMDDHH from 14102100: day 21 + h // 24, hour h % 24.
-            columns["hour"] = (14_100_000 + (21 + hours // 24) * 100 + hours % 24, None)
+            if n and int(hours[-1]) < AVAZU_HOURS:
+                columns["hour"] = (Coded(hours, self.hours), None)
+            else:  # rows past total_rows: hours past the tenth day
+                columns["hour"] = (_avazu_hours(hours), None)
         else:
-            columns["label"] = (label, None)
-            for name, values in dense.items():
-                missing = values == MISSING
-                columns[name] = (values, missing if missing.any() else None)
+            columns["label"] = (Coded(label.astype(np.intp), LABELS), None)
+            for d, dictionary in zip(self.spec.dense, self.dense_dictionaries, strict=True):
+                columns[d.name] = (Coded(dense[d.name], dictionary), None)
         for f in self.features:
-            ranks, mask = sparse[f.spec.name]
-            if f.int_values is not None:
-                columns[f.spec.name] = (f.int_values[ranks], mask)
-            else:
-                columns[f.spec.name] = (_mix32(ranks ^ f.salt), mask)
+            columns[f.spec.name] = (Coded(sparse[f.spec.name], f.dictionary), None)
         names = AVAZU_COLUMNS if self.spec.name == "avazu" else tuple(columns)
         return ChunkColumns(names, [columns[name] for name in names], prob, label)
 
@@ -398,8 +463,13 @@ class ClickModel:
 
 def _avazu_hour_index(start_row: int, n: int, total_rows: int) -> np.ndarray:
     """Hours since the first one: rows are in time order over ten days, as the real file."""
-    rows = np.arange(start_row, start_row + n, dtype=np.int64)
+    rows = np.arange(start_row, start_row + n, dtype=np.intp)
     return rows * AVAZU_HOURS // max(total_rows, 1)
+
+
+def _avazu_hours(hours: np.ndarray) -> np.ndarray:
+    """Avazu's YYMMDDHH of hours since 2014-10-21 00h: day 21 + h // 24, hour h % 24."""
+    return (14_100_000 + (21 + hours // 24) * 100 + hours % 24).astype(np.int64)
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,11 +1,21 @@
 """Text lines of synthetic logs, made from a chunk's columns without per-row Python.
 
-Each row is laid out in a fixed-width byte matrix: one slot per field, a separator byte then
-the field's widest text (decimal integers right-aligned in groups of 4 digits, hashes as 8 hex
-digits). A second matrix of the same shape marks the bytes a row keeps (the separator, the
-digits of its value, nothing of a missing field), and one Arrow ``filter`` pass drops the rest.
-Digits come from lookup tables (4 decimal digits or 4 hex digits per 32-bit word), written
-through unaligned word views of the matrix, so every step is one vectorised call per column.
+Rows are laid out in a byte matrix, one fixed slot per field: the separator byte, then the
+field's text right-aligned in one 4-byte word (texts of up to 4 characters) or in whole 8-byte
+words, zero bytes before it (and in all of a missing field). Text never holds a zero byte, so
+dropping the zeros (one Arrow ``filter`` over a block of rows that stays in cache) leaves the
+lines::
+
+    slot of I6 = 41237:  \t 00 00 00 '4' '1' '2' '3' '7'   ->  \t41237
+    slot of I3 = 7:      \t 00 00 00 '7'                    ->  \t7
+    slot of I3 missing:  \t 00 00 00 00                     ->  \t
+    slot of C7 (hex):    \t '0' '0' '1' '9' 'd' 'a' '8' 'b'   ->  \t0019da8b
+
+Separators are written once per matrix; each field is one strided store per row and word.
+The words come from lookup tables: 4 decimal or 4 hex digits per table entry, and for a
+:class:`Coded` column (values drawn from a :class:`Dictionary`, such as a count taken from a
+table of levels or a hash of a rank) the words of every dictionary value, made once, so a
+field costs one table read per row. A row's length is the popcount of its keep-bits.
 
 Every line *starts* with its newline, as :func:`ctrctl.data.synthetic.encode_lines` makes
 them: the two encoders give the same bytes for the same columns.
@@ -24,76 +34,239 @@ Example:
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["Column", "encode_columns"]
+__all__ = ["Coded", "Column", "Dictionary", "encode_columns", "field_words", "text_words"]
 
-#: A column to print: values (uint32: 8 hex digits; other integers: decimal) and a mask
-#: of missing values (empty fields), or None.
-Column = tuple[np.ndarray, "np.ndarray | None"]
-
-_GROUP = 10_000  # 4 decimal digits per 32-bit word
-_ONES = np.uint32(0x01010101)
-#: Bytes of the row block kept in cache while columns are written into it.
+_GROUP = 10_000  # 4 decimal digits per table entry
+#: Bytes of the row block kept in cache while fields are written into it.
 _BLOCK_BYTES = 1 << 20
 
 
+class Dictionary:
+    """The values a column draws from, with the text of each made once (see :class:`Coded`).
+
+    Codes ``0 .. len - 1`` stand for the values; code ``len`` (:attr:`missing_code`) for a
+    missing value, an empty field.
+
+    Args:
+        values: integer values (uint32 print as 8 hex digits, other integers in decimal).
+
+    Example:
+        >>> d = Dictionary(np.array([5, 1234567890]))
+        >>> [t.dtype.name for t in d.tables()]     # text in two 8-byte words
+        ['uint64', 'uint64']
+        >>> d.decode(np.array([1, 0]))
+        array([1234567890,          5])
+    """
+
+    def __init__(self, values: np.ndarray):
+        self.values = values
+        self._tables: list[np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @property
+    def missing_code(self) -> int:
+        return len(self)
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """The values at ``codes`` (any value at the missing code)."""
+        return np.take(self.values, codes, mode="clip")
+
+    def tables(self) -> list[np.ndarray]:
+        """Each value's text as :func:`field_words` lays it out, one array per word of
+        ``len + 1`` entries; the last entry is zero: the text of a missing field."""
+        if self._tables is None:
+            words = field_words(self.values)
+            # Made once, read by every chunk; two threads may both make it (the same).
+            self._tables = [np.append(w, w.dtype.type(0)) for w in words]
+        return self._tables
+
+    def words(self, codes: np.ndarray) -> list[np.ndarray]:
+        """The text words (see :func:`field_words`) of the values at ``codes`` (intp); zero
+        at the missing code."""
+        return [np.take(table, codes) for table in self.tables()]
+
+
+@dataclass(frozen=True)
+class Coded:
+    """A column as codes in a :class:`Dictionary`: row ``i`` is the value of ``codes[i]``,
+    or missing where it is the dictionary's :attr:`~Dictionary.missing_code`.
+
+    Attributes:
+        codes: (n,) intp codes.
+        dictionary: the values.
+    """
+
+    codes: np.ndarray
+    dictionary: Dictionary
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.dictionary.values.dtype
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def decode(self) -> np.ndarray:
+        """The values of the rows, ``(n,)`` (any value where missing)."""
+        return self.dictionary.decode(self.codes)
+
+    def missing(self) -> np.ndarray | None:
+        """Where the rows are missing, or None when none is."""
+        mask = self.codes == self.dictionary.missing_code
+        return mask if mask.any() else None
+
+
+#: A column to print: values (uint32: 8 hex digits; other integers: decimal; or a
+#: :class:`Coded` column of them) and a mask of missing values (empty fields), or None
+#: (a :class:`Coded` column may also mark them by its codes).
+Column = tuple["np.ndarray | Coded", "np.ndarray | None"]
+
+
+# ----------------------------------------------------------------------------- tables
+
+
 @functools.lru_cache(maxsize=1)
-def _decimal_table() -> tuple[np.ndarray, np.ndarray]:
-    """uint32 words of the 4 zero-padded decimal digits of 0..9999, and their digit counts."""
+def _decimal_tables() -> tuple[np.ndarray, np.ndarray]:
+    """uint64 words of the 4 zero-padded decimal digits of 0..9999 (in bytes 0-3), and the
+    digit count of each (0 has one digit)."""
     v = np.arange(_GROUP)
     chars = np.stack([48 + v // 1000 % 10, 48 + v // 100 % 10, 48 + v // 10 % 10, 48 + v % 10])
     words = np.ascontiguousarray(chars.T.astype(np.uint8)).view(np.uint32).ravel()
-    digits = (1 + (v >= 10) + (v >= 100) + (v >= 1000)).astype(np.int32)
-    return words, digits
+    digits = (1 + (v >= 10) + (v >= 100) + (v >= 1000)).astype(np.int64)
+    return words.astype(np.uint64), digits
 
 
 @functools.lru_cache(maxsize=1)
 def _hex_table() -> np.ndarray:
-    """uint32 words of the 4 lowercase hex digits of every 16-bit value."""
+    """uint64 words of the 4 lowercase hex digits of every 16-bit value (in bytes 0-3)."""
     digits = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
     v = np.arange(65536, dtype=np.uint32)
-    chars = np.stack([digits[(v >> s) & 15] for s in (12, 8, 4, 0)], axis=1)
-    return np.ascontiguousarray(chars).view(np.uint32).ravel()
+    chars = np.stack([digits[(v >> s) & 15] for s in (12, 8, 4, 0)], axis=1)  # (65536, 4)
+    return np.ascontiguousarray(chars).view(np.uint32).ravel().astype(np.uint64)
 
 
-@functools.lru_cache(maxsize=8)
-def _keep_table(groups: int) -> np.ndarray:
-    """(4 * groups + 1, groups) uint32: for a value of ``n`` digits, right-aligned in
-    ``groups`` words, the keep-marks (bytes 0/1) of each word."""
-    width = 4 * groups
-    keep = np.arange(width)[None, :] >= width - np.arange(width + 1)[:, None]
-    return np.ascontiguousarray(keep.astype(np.uint8)).view(np.uint32)
+#: ``_KEEP[c]``: the mask of the last ``c`` bytes of a little-endian word.
+_KEEP = np.array([0] + [(2**64 - 1) << (8 * (8 - c)) & (2**64 - 1) for c in range(1, 9)],
+                 dtype=np.uint64)
 
 
-def _word_view(matrix: np.ndarray, offset: int, dtype: type = np.uint32) -> np.ndarray:
+def _word_count(values: np.ndarray) -> int:
+    """8-byte words that the widest text of ``values`` (with a minus sign) needs."""
+    if values.dtype == np.uint32 or len(values) == 0:
+        return 1
+    chars = max(len(str(int(values.max()))), len(str(int(values.min()))))
+    return -(-chars // 8)
+
+
+def text_words(values: np.ndarray) -> np.ndarray:
+    """Each value's text right-aligned in 8-byte words (as many as the widest value needs),
+    zero bytes before it.
+
+    Args:
+        values: (n,) integers; uint32 print as 8 lowercase hex digits, others in decimal.
+
+    Returns:
+        (n, words) uint64, in byte order: ``.view(np.uint8)`` of a row is its text.
+
+    Example:
+        >>> text_words(np.array([-12, 7])).view(np.uint8).tobytes()
+        b'\\x00\\x00\\x00\\x00\\x00-12\\x00\\x00\\x00\\x00\\x00\\x00\\x007'
+    """
+    k = _word_count(values)
+    n = len(values)
+    if values.dtype == np.uint32:
+        hex_words = _hex_table()
+        # Little-endian: the low 16 bits, then the high 16 bits; the high ones print first.
+        halves = np.ascontiguousarray(values).view(np.uint16).reshape(n, 2)
+        high = np.take(hex_words, halves[:, 1].astype(np.intp))
+        low = np.take(hex_words, halves[:, 0].astype(np.intp))
+        return (high | (low << np.uint64(32)))[:, None]
+    if values.dtype.kind not in "iu":
+        raise TypeError(f"cannot print {values.dtype} values as integers")
+    digit_words, digit_counts = _decimal_tables()
+    negative = np.flatnonzero(values < 0) if values.dtype.kind == "i" else np.zeros(0, np.intp)
+    rest = values.astype(np.uint64)
+    if len(negative):
+        rest[negative] = np.uint64(0) - rest[negative]  # |v| (as uint64: int64.min too)
+    out = np.empty((n, k), dtype=np.uint64)
+    length = np.ones(n, dtype=np.int64)  # text length, minus sign not counted yet
+    for g in range(k):  # group g: the 8 digits of word k - 1 - g
+        group = rest % np.uint64(10**8)
+        if g < k - 1:
+            rest = rest // np.uint64(10**8)
+        high = (group // np.uint64(_GROUP)).astype(np.intp)
+        low = (group % np.uint64(_GROUP)).astype(np.intp)
+        out[:, k - 1 - g] = np.take(digit_words, high) | (
+            np.take(digit_words, low) << np.uint64(32)
+        )
+        digits = np.where(high > 0, 4 + np.take(digit_counts, high), np.take(digit_counts, low))
+        if g == 0:
+            length = digits
+        else:
+            np.copyto(length, 8 * g + digits, where=group > 0)
+    if len(negative):
+        length[negative] += 1
+    if 8 * k < int(length.max(initial=0)):
+        raise ValueError(f"values need more than {k} words of text")
+    for g in range(k):
+        out[:, k - 1 - g] &= np.take(_KEEP, np.clip(length - 8 * g, 0, 8))
+    if len(negative):
+        # The minus sign replaces the zero padding byte just before the digits.
+        at = length[negative] - 1  # its place counted from the right, from 0
+        shift = (8 * (7 - at % 8)).astype(np.uint64)
+        word = k - 1 - at // 8
+        out[negative, word] = (out[negative, word] & ~(np.uint64(0xFF) << shift)) | (
+            np.uint64(ord("-")) << shift
+        )
+    return out
+
+
+def field_words(values: np.ndarray) -> list[np.ndarray]:
+    """The text of ``values`` as the words of a field's slot, left to right: one uint32 when
+    every text fits in 4 bytes, else the 8-byte words of :func:`text_words`.
+
+    Example:
+        >>> [w.dtype.name for w in field_words(np.array([7, 1234]))]
+        ['uint32']
+    """
+    words = text_words(values)
+    if words.shape[1] == 1 and not np.any(words[:, 0] & np.uint64(0xFFFFFFFF)):
+        return [(words[:, 0] >> np.uint64(32)).astype(np.uint32)]
+    return [np.ascontiguousarray(words[:, w]) for w in range(words.shape[1])]
+
+
+# ----------------------------------------------------------------------------- lines
+
+
+def _words_of(values: np.ndarray | Coded, missing: np.ndarray | None) -> list[np.ndarray]:
+    """The words of one field's slot (see :func:`field_words`), zero where ``missing``."""
+    if isinstance(values, Coded):
+        codes = values.codes
+        if missing is not None:
+            codes = np.where(missing, values.dictionary.missing_code, codes)
+        return values.dictionary.words(codes)
+    if missing is None:
+        return field_words(values)
+    words = field_words(np.where(missing, 0, values))  # widths of the values printed only
+    for w in words:
+        np.putmask(w, missing, 0)
+    return words
+
+
+def _word_view(matrix: np.ndarray, offset: int, dtype: np.dtype) -> np.ndarray:
     """Column view of a (rows, width) uint8 matrix as one (unaligned) word per row."""
     return np.ndarray(
-        (matrix.shape[0],), dtype=dtype, buffer=matrix, offset=offset, strides=(matrix.shape[1],)
+        (matrix.shape[0],), dtype=dtype, buffer=matrix, offset=offset,
+        strides=(matrix.shape[1],),
     )
-
-
-def _decimal_groups(values: np.ndarray) -> int:
-    """Words of 4 digits that the widest value (and a minus sign) needs."""
-    if len(values) == 0:
-        return 1
-    top = max(abs(int(values.max())), abs(int(values.min())))
-    width = len(str(top)) + (1 if int(values.min()) < 0 else 0)
-    return max(1, -(-width // 4))
-
-
-def _slot_widths(columns: list[Column]) -> list[tuple[bool, int]]:
-    """(is_hex, text width) of each column's slot."""
-    widths = []
-    for values, _ in columns:
-        if values.dtype == np.uint32:
-            widths.append((True, 8))
-        else:
-            widths.append((False, 4 * _decimal_groups(values)))
-    return widths
 
 
 def encode_columns(columns: list[Column], separator: bytes) -> pa.StringArray:
@@ -101,142 +274,58 @@ def encode_columns(columns: list[Column], separator: bytes) -> pa.StringArray:
 
     Args:
         columns: ``(values, missing)`` per field in line order; uint32 values print as 8
-            lowercase hex digits, other integer values in decimal; ``missing`` (bool or None)
-            marks empty fields.
-        separator: one byte between fields.
+            lowercase hex digits, other integer values in decimal, a :class:`Coded` column
+            as its values; ``missing`` (bool or None) marks empty fields (as do the missing
+            codes of a :class:`Coded` column).
+        separator: one byte between fields (not a zero byte).
 
     Returns:
         A string array of the lines (consecutive in one buffer; see ``text_of``).
     """
-    if len(separator) != 1:
-        raise ValueError(f"separator must be one byte, got {separator!r}")
+    if len(separator) != 1 or separator == b"\0":
+        raise ValueError(f"separator must be one nonzero byte, got {separator!r}")
     n = len(columns[0][0]) if columns else 0
-    columns = [
-        (
-            np.where(missing, 0, values)
-            if missing is not None and values.dtype != np.uint32
-            else values,
-            missing,
-        )
-        for values, missing in columns
-    ]
-    widths = _slot_widths(columns)
-    # Slot: a word holding the separator (its 3 other bytes dropped), then the text words;
-    # every word is 4-byte aligned (unaligned column writes are several times slower).
-    row_width = sum(4 + w for _, w in widths)
-    template = np.full(row_width, 48, dtype=np.uint8)  # zero padding of decimal slots
-    template_keep = np.ones(row_width, dtype=np.uint8)
-    # (byte offset in the row, one uint32 per row) for the text and for the keep-marks.
-    text_words: list[tuple[int, np.ndarray]] = []
-    keep_words: list[tuple[int, np.ndarray]] = []
-    lengths = np.zeros(n, dtype=np.int64)
-    words, digit_counts = _decimal_table()
-    hex_words = _hex_table()
-    slot = 0
-    for i, ((values, missing), (is_hex, width)) in enumerate(zip(columns, widths, strict=True)):
-        template[slot] = 10 if i == 0 else separator[0]
-        template_keep[slot + 1 : slot + 4] = 0
-        start = slot + 4
-        if is_hex:
-            text_words.append((start, np.take(hex_words, values >> np.uint32(16))))
-            text_words.append((start + 4, np.take(hex_words, values & np.uint32(0xFFFF))))
-            if missing is None:
-                lengths += 9
-            else:
-                present = (~missing).astype(np.uint32) * _ONES
-                keep_words += [(start, present), (start + 4, present)]
-                lengths += 1 + 8 * (~missing)
-        else:
-            groups = width // 4
-            digits = _decimal_words(text_words, start, groups, values, words, digit_counts)
-            if missing is not None:
-                digits[missing] = 0
-            marks = _keep_table(groups)[digits]
-            keep_words += [(start + 4 * g, marks[:, g]) for g in range(groups)]
-            lengths += 1 + digits
-        slot = start + width
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    if offsets[-1] >= 2**31:
-        raise ValueError("chunk text over 2 GiB: use smaller chunks")
-    # Rows go through a block that stays in cache: a column write into a matrix far larger
-    # than the cache costs a miss per row.
+    fields = [_words_of(values, missing) for values, missing in columns]
+    # Slot of a field: its separator byte then its words; rows padded to 64 bytes so that
+    # the keep-bits of a row are whole uint64 words (counted by popcount).
+    widths = [1 + sum(w.itemsize for w in words) for words in fields]
+    starts = np.cumsum([0, *widths])
+    row_width = -(-int(starts[-1]) // 64) * 64
     block = max(1, min(n, _BLOCK_BYTES // max(row_width, 1)))
-    text = np.empty((block, row_width), dtype=np.uint8)
-    keep = np.empty((block, row_width), dtype=np.uint8)
-    text[:] = template  # separators and padding stay; every other byte is rewritten
-    keep[:] = template_keep
-    text_views = [(_word_view(text, offset), column) for offset, column in text_words]
-    keep_views = [(_word_view(keep, offset), column) for offset, column in keep_words]
-    out = np.empty(int(offsets[-1]), dtype=np.uint8)
+    matrix = np.zeros((block, row_width), dtype=np.uint8)
+    views = []
+    for i, (start, words) in enumerate(zip(starts[:-1], fields, strict=True)):
+        matrix[:, start] = 10 if i == 0 else separator[0]
+        at = int(start) + 1
+        for w in words:
+            views.append((_word_view(matrix, at, w.dtype), w))
+            at += w.itemsize
+    out = np.empty(n * row_width, dtype=np.uint8)  # at most; only what is kept is touched
+    lengths = np.empty(n, dtype=np.int64)
+    size = 0
     for lo in range(0, n, block):
         hi = min(n, lo + block)
         m = hi - lo
-        for view, column in text_views:
+        for view, column in views:
             view[:m] = column[lo:hi]
-        for view, column in keep_views:
-            view[:m] = column[lo:hi]
-        size = m * row_width
-        bits = np.packbits(keep[:m].ravel(), bitorder="little")
+        flat = matrix[:m].reshape(-1)
+        bits = np.packbits(flat != 0, bitorder="little")  # (m * row_width / 8,)
+        counts = np.bitwise_count(bits.view(np.uint64)).reshape(m, -1)  # (m, row_width / 64)
+        length = lengths[lo:hi]
+        length[:] = counts[:, 0]
+        for word in range(1, counts.shape[1]):
+            length += counts[:, word]
         kept = pc.filter(
-            pa.Array.from_buffers(pa.uint8(), size, [None, pa.py_buffer(text[:m].ravel())]),
-            pa.Array.from_buffers(pa.bool_(), size, [None, pa.py_buffer(bits)]),
+            pa.Array.from_buffers(pa.uint8(), len(flat), [None, pa.py_buffer(flat)]),
+            pa.Array.from_buffers(pa.bool_(), len(flat), [None, pa.py_buffer(bits)]),
         )
-        out[offsets[lo] : offsets[hi]] = np.frombuffer(
-            kept.buffers()[1], dtype=np.uint8, count=len(kept), offset=kept.offset
+        count = len(kept)
+        out[size : size + count] = np.frombuffer(
+            kept.buffers()[1], dtype=np.uint8, count=count, offset=kept.offset
         )
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(out))
-
-
-def _decimal_words(
-    text_words: list[tuple[int, np.ndarray]],
-    start: int,
-    groups: int,
-    values: np.ndarray,
-    words: np.ndarray,
-    digit_counts: np.ndarray,
-) -> np.ndarray:
-    """Add the words of ``values``, right-aligned in ``groups`` words from byte ``start``,
-    to ``text_words``; return the text length of each value (with its minus sign)."""
-    negative = None if values.dtype.kind == "u" else values < 0
-    if negative is not None and negative.any():
-        rest = np.abs(values.astype(np.int64))
-    else:
-        negative = None
-        rest = values
-    # Division by a constant is far faster on unsigned words than on int64.
-    small = len(rest) == 0 or int(rest.max()) < 2**32
-    rest = rest.astype(np.uint32 if small else np.uint64)
-    base = rest.dtype.type(_GROUP)
-    digits = np.zeros(len(values), dtype=np.int32)
-    column_words = []
-    for g in range(groups):
-        last = g == groups - 1
-        if last:
-            group = rest
-        else:
-            quotient = rest // base
-            group = rest - quotient * base
-            rest = quotient
-        column_words.append(np.take(words, group))
-        count = np.take(digit_counts, group)
-        if g == 0:
-            digits = count
-        else:
-            above = group > 0 if last else (group > 0) | (rest > 0)
-            np.copyto(digits, count + 4 * g, where=above)
-    if negative is not None:
-        rows = np.flatnonzero(negative)
-        # The minus sign goes in the byte before the first digit, inside its word.
-        sign = start + 4 * groups - 1 - digits[rows]
-        word = (sign - start) // 4
-        shift = ((sign - start) % 4 * 8).astype(np.uint32)
-        for g in np.unique(word):
-            at = rows[word == g]
-            column = column_words[groups - 1 - g]
-            mask = np.uint32(0xFF) << shift[word == g]
-            column[at] = (column[at] & ~mask) | (np.uint32(ord("-")) << shift[word == g])
-        digits[rows] += 1
-    for g, column in enumerate(column_words):
-        text_words.append((start + 4 * (groups - 1 - g), column))
-    return digits
+        size += count
+    if size >= 2**31:
+        raise ValueError("chunk text over 2 GiB: use smaller chunks")
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(out[:size]))
