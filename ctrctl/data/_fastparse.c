@@ -1,4 +1,5 @@
-/* Fast path of `ctrctl preprocess`: delimited text lines to transformed columns, in one pass.
+/* Fast path of `ctrctl preprocess`: delimited text lines to transformed columns, in one pass,
+ * and a HyperLogLog sketch of the ids written (the manifest's cardinalities on large data).
  *
  * parse_block(data, sep, kinds, sizes, fills, transforms, lows, highs, max_rows,
  *             label_out, dense_out, sparse_out, missing_out) -> (rows, bad_offset)
@@ -34,31 +35,6 @@ typedef struct {
     uint64_t magics[256]; /* fastmod constants per column, 0 where sizes exceed 32 bits */
 } Columns;
 
-/* A signed decimal integer of [p, end) as int64; 0 when malformed or out of range. */
-static int parse_int(const char *p, const char *end, int64_t *out) {
-    int negative = 0;
-    if (p < end && *p == '-') {
-        negative = 1;
-        p++;
-    }
-    if (p == end) return 0;
-    uint64_t value = 0;
-    for (; p < end; p++) {
-        unsigned digit = (unsigned)(*p - '0');
-        if (digit > 9) return 0;
-        if (value > (UINT64_MAX - digit) / 10) return 0;
-        value = value * 10 + digit;
-    }
-    if (negative) {
-        if (value > (uint64_t)INT64_MAX + 1) return 0;
-        *out = (int64_t)(0 - value);
-    } else {
-        if (value > (uint64_t)INT64_MAX) return 0;
-        *out = (int64_t)value;
-    }
-    return 1;
-}
-
 static const signed char *hex_table(void) {
     static signed char table[256];
     static int ready = 0;
@@ -72,20 +48,6 @@ static const signed char *hex_table(void) {
         ready = 1;
     }
     return table;
-}
-
-/* An unsigned hex key of at most 16 digits; 0 when malformed. */
-static int parse_hex(const char *p, const char *end, const signed char *hex, uint64_t *out) {
-    Py_ssize_t n = end - p;
-    if (n < 1 || n > 16) return 0;
-    uint64_t value = 0;
-    for (; p < end; p++) {
-        int digit = hex[(unsigned char)*p];
-        if (digit < 0) return 0;
-        value = (value << 4) | (uint64_t)digit;
-    }
-    *out = value;
-    return 1;
 }
 
 /* log1p of the small integers that dominate count features, computed once. */
@@ -129,7 +91,36 @@ static float dense_value(double value, char transform, double low, double high) 
     return (float)value;
 }
 
-/* Parses one line [p, end) (no terminator) into row `row`; 0 when it is not well formed. */
+/* Digits of a decimal integer at *pp (at most 19, so no overflow), with an optional '-'.
+ * Returns 0 for an empty field, 1 for a number in int64 range, -1 for anything else. */
+static int scan_int(const char **pp, const char *end, int64_t *out) {
+    const char *p = *pp, *digits;
+    int negative = p < end && *p == '-';
+    p += negative;
+    digits = p;
+    uint64_t value = 0;
+    while (p < end) {
+        unsigned digit = (unsigned)(*p - '0');
+        if (digit > 9) break;
+        value = value * 10 + digit;
+        p++;
+    }
+    *pp = p;
+    Py_ssize_t n = p - digits;
+    if (n == 0) return negative ? -1 : 0;
+    if (n > 19) return -1;
+    if (negative) {
+        if (value > (uint64_t)INT64_MAX + 1) return -1;
+        *out = (int64_t)(0 - value);
+    } else {
+        if (value > (uint64_t)INT64_MAX) return -1;
+        *out = (int64_t)value;
+    }
+    return 1;
+}
+
+/* Parses one line [p, end) (no terminator) into row `row`; 0 when it is not well formed.
+ * Each field is scanned once: its value is parsed while looking for the separator. */
 static int parse_line(const char *p, const char *end, char sep, const Columns *cols,
                       const signed char *hex, Py_ssize_t row, Py_ssize_t stride,
                       int8_t *label, float *dense, int64_t *sparse, uint64_t *missing) {
@@ -138,44 +129,41 @@ static int parse_line(const char *p, const char *end, char sep, const Columns *c
     uint64_t missed = 0;
     int more = 1; /* whether a field starts at p */
     for (Py_ssize_t c = 0; c < cols->ncols; c++) {
-        const char *field = p, *stop = p;
-        if (more) {
-            while (stop < end && *stop != sep) stop++;
-            if (stop == end) {
-                more = 0;
-                p = end;
-            } else {
-                p = stop + 1;
-            }
-        }
-        Py_ssize_t len = stop - field;
-        switch (cols->kinds[c]) {
+        char kind = cols->kinds[c];
+        switch (kind) {
         case 'L':
-            if (len != 1 || (field[0] != '0' && field[0] != '1')) return 0;
-            label[row] = (int8_t)(field[0] - '0');
+            if (!more || (*p != '0' && *p != '1')) return 0;
+            label[row] = (int8_t)(*p - '0');
+            p++;
             break;
         case 'I': {
-            float value;
-            if (len == 0) {
-                value = dense_value(cols->fills[c], cols->transforms[c], cols->lows[c],
-                                    cols->highs[c]);
-                missed |= (uint64_t)1 << d;
+            int64_t parsed = 0;
+            int found = more ? scan_int(&p, end, &parsed) : 0;
+            if (found < 0) return 0;
+            if (found) {
+                dense[d * stride + row] = dense_int_value(parsed, cols->transforms[c],
+                                                          cols->lows[c], cols->highs[c]);
             } else {
-                int64_t parsed;
-                if (!parse_int(field, stop, &parsed)) return 0;
-                value = dense_int_value(parsed, cols->transforms[c], cols->lows[c],
-                                        cols->highs[c]);
+                dense[d * stride + row] = dense_value(cols->fills[c], cols->transforms[c],
+                                                      cols->lows[c], cols->highs[c]);
+                missed |= (uint64_t)1 << d;
             }
-            dense[d * stride + row] = value;
             d++;
             break;
         }
         case 'H': {
             uint64_t key = 0;
             int64_t id = 0;
-            if (len > 0) {
-                if (!parse_hex(field, stop, hex, &key)) return 0;
-                id = (int64_t)mod_u64(key, (uint64_t)cols->sizes[c], cols->magics[c]);
+            if (more) {
+                const char *start = p;
+                while (p < end) {
+                    int digit = hex[(unsigned char)*p];
+                    if (digit < 0) break;
+                    key = (key << 4) | (uint64_t)digit;
+                    p++;
+                }
+                if (p - start > 16) return 0;
+                if (p > start) id = (int64_t)mod_u64(key, (uint64_t)cols->sizes[c], cols->magics[c]);
             }
             sparse[s * stride + row] = id;
             s++;
@@ -183,8 +171,9 @@ static int parse_line(const char *p, const char *end, char sep, const Columns *c
         }
         case 'N': {
             int64_t key = 0, id = 0, size = cols->sizes[c];
-            if (len > 0) {
-                if (!parse_int(field, stop, &key)) return 0;
+            int found = more ? scan_int(&p, end, &key) : 0;
+            if (found < 0) return 0;
+            if (found) {
                 id = key % size;
                 if (id < 0) id += size;
             }
@@ -193,7 +182,16 @@ static int parse_line(const char *p, const char *end, char sep, const Columns *c
             break;
         }
         default: /* 'X': a column the dataset does not keep */
+            while (more && p < end && *p != sep) p++;
             break;
+        }
+        if (!more) continue;
+        if (p == end) {
+            more = 0;
+        } else if (*p == sep) {
+            p++;
+        } else {
+            return 0; /* junk after a value */
         }
     }
     missing[row] = missed;
@@ -272,7 +270,60 @@ static PyObject *parse_block(PyObject *self, PyObject *args) {
     return Py_BuildValue("nn", rows, bad);
 }
 
+/* splitmix64's finalizer: spreads ids over all 64 bits for the sketch below. */
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static inline int leading_zeros(uint64_t w) {
+#if defined(__GNUC__) || defined(__clang__)
+    return __builtin_clzll(w);
+#else
+    int n = 0;
+    while (!(w & 0x8000000000000000ULL)) {
+        w <<= 1;
+        n++;
+    }
+    return n;
+#endif
+}
+
+/* hll_add(registers, ids, bits): adds int64 ids to a HyperLogLog sketch of 2**bits uint8
+ * registers (register = top `bits` bits of the hash, value = 1 + leading zeros of the rest). */
+static PyObject *hll_add(PyObject *self, PyObject *args) {
+    Py_buffer registers, ids;
+    int bits;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "w*y*i", &registers, &ids, &bits)) return NULL;
+    int ok = bits >= 4 && bits <= 18 && registers.len >= ((Py_ssize_t)1 << bits) &&
+             ids.len % 8 == 0;
+    if (ok) {
+        uint8_t *reg = registers.buf;
+        const int64_t *id = ids.buf;
+        Py_ssize_t n = ids.len / 8;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t h = mix64((uint64_t)id[i]);
+            uint64_t slot = h >> (64 - bits);
+            uint64_t rest = (h << bits) | ((uint64_t)1 << (bits - 1));
+            uint8_t rank = (uint8_t)(leading_zeros(rest) + 1);
+            if (reg[slot] < rank) reg[slot] = rank;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&registers);
+    PyBuffer_Release(&ids);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "hll_add: registers too small or ids not int64");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"hll_add", hll_add, METH_VARARGS, "Add int64 ids to a HyperLogLog sketch; see the source."},
     {"parse_block", parse_block, METH_VARARGS,
      "Parse whole delimited lines into label, dense and sparse columns; see the source."},
     {NULL, NULL, 0, NULL},

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import polars as pl
 
-from ctrctl.data.fastpath import SplitRule, fast_layout, stream_fast
+from ctrctl.data.fastpath import SUMMARY, SplitRule, SplitSummary, fast_layout, stream_fast
 from ctrctl.data.manifest import DatasetManifest, SplitInfo
 from ctrctl.data.readers import (
     SPLIT_NAMES,
@@ -515,6 +515,20 @@ def _keep_filled_targets(job: _Job, counts: dict[str, dict[str, Any]],
     return counts
 
 
+def _merged_summary(counts: list[dict[str, dict[str, Any]]], split: str) -> SplitSummary | None:
+    """The fast path's summary of ``split`` over all inputs; None if any input lacks one."""
+    merged: SplitSummary | None = None
+    for count in counts:
+        entry = count.get(split, {})
+        if not entry.get("rows"):
+            continue
+        summary = entry.get(SUMMARY)
+        if summary is None:
+            return None
+        merged = summary if merged is None else merged.merge(summary)
+    return merged
+
+
 def _possible_splits(job: _Job) -> tuple[str, ...]:
     expr = job.split_expr
     assert expr is not None
@@ -572,7 +586,8 @@ def _manifest(
                for c in schema.dense}
     dense, sparse = dataset_features(schema, kinds, vocabs, folder,
                                      [folder / f for f in splits[stats_split].files],
-                                     missing, splits[stats_split].rows, followed)
+                                     missing, splits[stats_split].rows, followed,
+                                     _merged_summary(counts, stats_split))
     follows = None
     if followed is not None:
         follows = {"path": str(Path(followed_dir or ".").resolve()),

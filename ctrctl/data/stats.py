@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -21,6 +22,9 @@ from ctrctl.data.schema import Schema
 from ctrctl.data.transforms import EXTRA, dense_value, derived_key, label_value, sparse_key
 from ctrctl.data.vocab import num_embeddings
 from ctrctl.errors import InputDataError
+
+if TYPE_CHECKING:
+    from ctrctl.data.fastpath import SplitSummary
 
 #: Cardinality is exact up to this many rows and a HyperLogLog estimate (~1% error) above,
 #: where an exact distinct count over every sparse column costs more than the parse.
@@ -36,31 +40,25 @@ def dataset_features(
     missing: Mapping[str, int],
     rows: int,
     followed: DatasetManifest | None,
+    summary: SplitSummary | None = None,
 ) -> tuple[tuple[DenseFeature, ...], tuple[SparseFeature, ...]]:
     """Dense and sparse feature entries of the manifest, from the split in ``parts``.
 
-    Sparse cardinality is exact up to :data:`EXACT_CARDINALITY_ROWS` rows, estimated above.
+    Sparse cardinality is exact up to :data:`EXACT_CARDINALITY_ROWS` rows, estimated above:
+    from ``summary`` where the fast path gathered one while writing (no second read), else
+    by polars over the written files.
 
     A dataset that follows another (``--reuse-transforms``) keeps that dataset's entries, so
     that its table sizes are the model's.
     """
     if followed is not None:
         return followed.dense, followed.sparse
-    scan = pl.scan_parquet(list(parts))
     dense_names = [c.name for c in schema.dense]
-    exprs: list[pl.Expr] = []
     exact = rows <= EXACT_CARDINALITY_ROWS
-    for name in dense_names:
-        col = pl.col(name)
-        exprs += [col.mean().alias(f"{name}.mean"), col.std(ddof=0).alias(f"{name}.std"),
-                  col.min().alias(f"{name}.min"), col.max().alias(f"{name}.max")]
-    for name, (_, _, multi) in kinds.items():
-        col = pl.col(name)
-        if multi:
-            exprs.append(col.list.len().mean().alias(f"{name}.len"))
-            col = col.explode().drop_nulls()
-        exprs.append((col.n_unique() if exact else col.approx_n_unique()).alias(f"{name}.card"))
-    stats = scan.select(exprs).collect(engine="streaming").row(0, named=True) if exprs else {}
+    if summary is not None and not exact and summary.rows == rows:
+        stats = _summary_stats(summary)
+    else:
+        stats = _scan_stats(parts, dense_names, kinds, exact)
     dense = tuple(
         DenseFeature(
             name=n, mean=float(stats[f"{n}.mean"] or 0.0), std=float(stats[f"{n}.std"] or 0.0),
@@ -81,6 +79,34 @@ def dataset_features(
         for n, (_, size, multi) in kinds.items()
     )
     return dense, sparse
+
+
+def _scan_stats(parts: Sequence[Path], dense_names: list[str],
+                kinds: Mapping[str, tuple[str, int | None, bool]], exact: bool) -> dict[str, Any]:
+    exprs: list[pl.Expr] = []
+    for name in dense_names:
+        col = pl.col(name)
+        exprs += [col.mean().alias(f"{name}.mean"), col.std(ddof=0).alias(f"{name}.std"),
+                  col.min().alias(f"{name}.min"), col.max().alias(f"{name}.max")]
+    for name, (_, _, multi) in kinds.items():
+        col = pl.col(name)
+        if multi:
+            exprs.append(col.list.len().mean().alias(f"{name}.len"))
+            col = col.explode().drop_nulls()
+        exprs.append((col.n_unique() if exact else col.approx_n_unique()).alias(f"{name}.card"))
+    if not exprs:
+        return {}
+    return pl.scan_parquet(list(parts)).select(exprs).collect(engine="streaming").row(
+        0, named=True)
+
+
+def _summary_stats(summary: SplitSummary) -> dict[str, Any]:
+    stats: dict[str, Any] = {}
+    for name, (mean, std, low, high) in summary.dense_stats().items():
+        stats.update({f"{name}.mean": mean, f"{name}.std": std, f"{name}.min": low,
+                      f"{name}.max": high})
+    stats.update({f"{name}.card": card for name, card in summary.cardinalities().items()})
+    return stats
 
 
 def locate_bad_row(

@@ -187,3 +187,28 @@ def test_numpy_random_unit_equals_the_polars_expression() -> None:
     expected = pl.DataFrame({"r": rows}).select(random_unit(pl.col("r"), 3, 42)).to_series()
     got = fastpath.random_unit_numpy(rows, 3, 42)
     np.testing.assert_array_equal(got, expected.to_numpy())
+
+
+@needs_native
+def test_large_split_summary_matches_the_written_data(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above the exact-count size the fast path's manifest comes from what it gathered while
+    writing: dense moments to float precision, cardinalities within the sketch's error."""
+    from ctrctl.data.stats import EXACT_CARDINALITY_ROWS
+    from ctrctl.data.synthetic import synthesize
+
+    rows = EXACT_CARDINALITY_ROWS + 20_000
+    synthesize(tmp_path / "logs", rows=rows, format="criteo", seed=0, splits={"train": 1.0})
+    fast, slow = run_both(tmp_path, CRITEO, [str(tmp_path / "logs" / "train.tsv")],
+                          monkeypatch)
+    ma, mb = (json.loads((p / "manifest.json").read_text()) for p in (fast, slow))
+    assert ma["splits"] == mb["splits"]
+    for a, b in zip(ma["dense"], mb["dense"], strict=True):
+        assert a["name"] == b["name"] and a["missing_rate"] == b["missing_rate"]
+        for key in ("mean", "std", "min", "max"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["name"], key)
+    written = read_split(fast, "train")
+    assert written.equals(read_split(slow, "train"))
+    for feature in ma["sparse"]:
+        exact = written[feature["name"]].n_unique()
+        assert feature["cardinality"] == pytest.approx(exact, rel=0.03), feature["name"]
