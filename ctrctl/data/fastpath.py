@@ -217,9 +217,11 @@ class _SplitSink:
 
     def add(self, piece: _Parsed) -> None:
         layout = self.layout
-        columns = [pa.array(piece.label)]
-        columns += [pa.array(piece.dense[j]) for j in range(len(layout.dense))]
-        columns += [pa.array(piece.sparse[j]) for j in range(len(layout.sparse))]
+        # With the type given, pa.array wraps the numpy buffer (no type inference, no copy).
+        columns = [pa.array(piece.label, type=pa.int8())]
+        columns += [pa.array(piece.dense[j], type=pa.float32()) for j in range(len(layout.dense))]
+        columns += [pa.array(piece.sparse[j], type=pa.int64())
+                    for j in range(len(layout.sparse))]
         self.pieces.append(pa.Table.from_arrays(columns, schema=layout.arrow_schema()))
         self.buffered += piece.rows
         while self.buffered >= self.row_group_size:
