@@ -196,23 +196,29 @@ def roc_auc(prob: np.ndarray, label: np.ndarray) -> float:
     if positives == 0 or negatives == 0:
         return float("nan")
     bits = prob.view(np.uint32) if prob.dtype == np.float32 else None
-    if bits is not None and int(bits.max()) < 0x7F800000:
-        # Non-negative finite float32 order as their bit patterns: sort one uint32 key per
-        # row (value, then label) instead of an argsort of the values.
-        keys = np.sort((bits << np.uint32(1)) | label)
-        starts = np.flatnonzero(np.diff(keys >> np.uint32(1))) + 1  # where a value begins
-        ends = np.append(starts, len(keys))
-        starts = np.insert(starts, 0, 0)
-        pos = np.add.reduceat(keys & np.uint32(1), starts, dtype=np.int64)
-        neg = ends - starts - pos
-    else:
+    if bits is None or int(bits.max()) >= 0x7F800000:
         values, inverse = np.unique(prob, return_inverse=True)
         pos = np.bincount(inverse, weights=label, minlength=len(values)).astype(np.int64)
         neg = np.bincount(inverse, minlength=len(values)) - pos
-    neg_below = np.cumsum(neg) - neg
-    # Twice the sum over positives of (negatives below + half the negatives tied), exactly.
-    twice = 2 * int(np.dot(pos, neg_below)) + int(np.dot(pos, neg))
-    return twice / (2 * positives * negatives)
+        # Twice the sum over positives of (negatives below + half the negatives tied).
+        twice = 2 * int(np.dot(pos, np.cumsum(neg) - neg)) + int(np.dot(pos, neg))
+        return twice / (2 * positives * negatives)
+    # Non-negative finite float32 order as their bit patterns: sort one uint32 key per row,
+    # value then label, so a value's negatives come before its positives. The positive at
+    # sorted place i then has i - (positives before it) negatives at or below its value.
+    keys = np.sort((bits << np.uint32(1)) | label)
+    at_or_below = int(np.flatnonzero(keys & np.uint32(1)).sum()) - positives * (positives - 1) // 2
+    # Tied negatives count one half: subtract half of (positives x negatives) per tied value.
+    values = keys >> np.uint32(1)
+    tied = np.flatnonzero(values[1:] == values[:-1])
+    if len(tied):
+        rows = np.union1d(tied, tied + 1)  # the rows of tied values, in sorted order
+        _, group = np.unique(values[rows], return_inverse=True)
+        pos = np.bincount(group, weights=keys[rows] & np.uint32(1)).astype(np.int64)
+        at_or_below_twice = 2 * at_or_below - int(np.dot(pos, np.bincount(group) - pos))
+    else:
+        at_or_below_twice = 2 * at_or_below
+    return at_or_below_twice / (2 * positives * negatives)
 
 
 def encoded_chunks(
@@ -481,7 +487,18 @@ def _write(
         names = list(counts)
         bounds = np.cumsum([0, *counts.values()])
         writers = {name: _SplitWriter(tmp / f"{name}.{ext}", header) for name in names}
+        label_rate: dict[str, float] = {}
+        best_auc: dict[str, float] = {}
+
+        def finish(name: str) -> None:
+            prob, label = writers[name].close()
+            np.save(tmp / f"{name}.prob.npy", prob)
+            label_rate[name] = float(label.mean()) if len(label) else float("nan")
+            best_auc[name] = roc_auc(prob, label)
+
         progress.start(f"synth {format}", total=rows, unit="rows")
+        finished = 0  # splits closed: a split closes with its last chunk, so that its AUC
+        # is computed while the threads make the next chunks
         for start, batch, lines in encoded_chunks(format, rows, seed, cardinalities, workers):
             n = len(batch.prob)
             labels = batch.labels
@@ -490,15 +507,13 @@ def _write(
                 hi = min(int(bounds[s + 1]), start + n) - start
                 if hi > lo:
                     writers[name].write(lines.slice(lo, hi - lo), batch.prob[lo:hi], labels[lo:hi])
+            while finished < len(names) and bounds[finished + 1] <= start + n:
+                finish(names[finished])
+                finished += 1
             progress.advance(n)
+        for name in names[finished:]:
+            finish(name)
         progress.finish()
-        label_rate: dict[str, float] = {}
-        best_auc: dict[str, float] = {}
-        for name, writer in writers.items():
-            prob, label = writer.close()
-            np.save(tmp / f"{name}.prob.npy", prob)
-            label_rate[name] = float(label.mean()) if len(label) else float("nan")
-            best_auc[name] = roc_auc(prob, label)
         seconds = time.perf_counter() - t0
         cards = model.spec.cardinalities()
         meta = {

@@ -309,7 +309,7 @@ def encode_columns(columns: list[Column], separator: bytes) -> pa.StringArray:
         for view, column in views:
             view[:m] = column[lo:hi]
         flat = matrix[:m].reshape(-1)
-        bits = np.packbits(flat != 0, bitorder="little")  # (m * row_width / 8,)
+        bits = np.packbits(flat, bitorder="little")  # nonzero -> 1; (m * row_width / 8,)
         counts = np.bitwise_count(bits.view(np.uint64)).reshape(m, -1)  # (m, row_width / 64)
         length = lengths[lo:hi]
         length[:] = counts[:, 0]
