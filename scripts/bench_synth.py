@@ -11,7 +11,9 @@ For each format, on ``--rows`` rows (1M; ``--quick``: 200k), medians over ``--re
 
 The target is 1M rows/s for ``synthesize``; the ``x target`` column is rows/s / 1M. On a
 shared machine wall time depends on the neighbours, so ``per CPU-s`` also gives rows per
-CPU-second of this process (all its threads): with ``W`` free cores expect up to ``W`` times it.
+CPU-second of this process (all its threads, user and system time, measured on the same runs
+as the wall time): with ``W`` free cores expect up to ``W`` times it. The load average before
+and after is printed beside them.
 
     .venv/bin/python scripts/bench_synth.py            # 1M rows
     .venv/bin/python scripts/bench_synth.py --quick    # 200k rows
@@ -23,6 +25,7 @@ import argparse
 import io
 import json
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -70,6 +73,25 @@ def median_seconds(
     return statistics.median(times)
 
 
+def timed_runs(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
+    """Median wall, user and system seconds of ``repeats`` calls (CPU of all threads)."""
+    walls, users, systems = [], [], []
+    for _ in range(repeats):
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - t0)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        users.append(after.ru_utime - before.ru_utime)
+        systems.append(after.ru_stime - before.ru_stime)
+    return {
+        "wall": statistics.median(walls),
+        "user": statistics.median(users),
+        "system": statistics.median(systems),
+        "cpu": statistics.median(u + s for u, s in zip(users, systems, strict=True)),
+    }
+
+
 def python_lines(table: pa.Table, separator: str) -> bytes:
     """The reference a first version would write: one f-string-ish join per row."""
     columns = [column.to_pylist() for column in table.itercolumns()]
@@ -98,15 +120,17 @@ def bench_format(fmt: str, rows: int, repeats: int, workers: int | None) -> dict
         def write() -> None:
             synthesize(scratch / "out", rows=rows, format=fmt, overwrite=True, workers=workers)
 
-        write_s = median_seconds(write, repeats)
+        write()  # the first run makes the text tables of the model's dictionaries
+        load_before = os.getloadavg()[0]
         # CPU seconds of all threads: on a shared machine, wall time measures the neighbours.
-        write_cpu_s = median_seconds(write, repeats, time.process_time)
+        runs = timed_runs(write, repeats)
+        load_after = os.getloadavg()[0]
         size = sum(p.stat().st_size for p in (scratch / "out").iterdir())
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     generate_s = median_seconds(lambda: chunk_columns(fmt, rows), repeats)
     chunks = chunk_columns(fmt, rows)
-    encode_s = median_seconds(lambda: [len(text_of(c.lines(separator))) for c in chunks], repeats)
+    encode_s = median_seconds(lambda: [c.lines(separator).nbytes for c in chunks], repeats)
     tables = [c.table() for c in chunks]
     arrow_s = median_seconds(
         lambda: [len(text_of(encode_lines(t, separator))) for t in tables], repeats
@@ -129,8 +153,13 @@ def bench_format(fmt: str, rows: int, repeats: int, workers: int | None) -> dict
         "format": fmt,
         "rows": rows,
         "bytes": size,
-        "synthesize_rows_per_s": rows / write_s,
-        "synthesize_rows_per_cpu_s": rows / write_cpu_s,
+        "synthesize_rows_per_s": rows / runs["wall"],
+        "synthesize_rows_per_cpu_s": rows / runs["cpu"],
+        "synthesize_cpu_us_per_row": runs["cpu"] / rows * 1e6,
+        "synthesize_user_s": runs["user"],
+        "synthesize_system_s": runs["system"],
+        "load_average_before": load_before,
+        "load_average_after": load_after,
         "generate_rows_per_s": rows / generate_s,
         "encode_rows_per_s": rows / encode_s,
         "arrow_join_rows_per_s": rows / arrow_s,
@@ -139,7 +168,7 @@ def bench_format(fmt: str, rows: int, repeats: int, workers: int | None) -> dict
         "encode_vs_arrow_join": arrow_s / encode_s,
         "encode_vs_polars": polars_s / encode_s,
         "encode_vs_python": python_s / encode_s,
-        "synthesize_vs_target": rows / write_s / TARGET_ROWS_PER_S,
+        "synthesize_vs_target": rows / runs["wall"] / TARGET_ROWS_PER_S,
     }
 
 
@@ -148,16 +177,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = args.rows or (200_000 if args.quick else 1_000_000)
     results = [bench_format(fmt, rows, args.repeats, args.workers) for fmt in args.formats]
     header = (
-        f"{'format':<8}{'synthesize':>12}{'x target':>9}{'per CPU-s':>11}{'generate':>11}"
-        f"{'encode':>11}{'arrow join':>12}"
+        f"{'format':<8}{'synthesize':>12}{'x target':>9}{'per CPU-s':>11}{'CPU-us/row':>11}"
+        f"{'sys s':>7}{'load':>11}{'generate':>11}{'encode':>11}{'arrow join':>12}"
         f"{'polars csv':>12}{'python':>10}{'enc/polars':>11}{'enc/python':>11}"
     )
     print(f"rows/s, {rows:,} rows, median of {args.repeats}, {os.cpu_count()} CPUs")
     print(header)
     for r in results:
+        load = f"{r['load_average_before']:.1f}-{r['load_average_after']:.1f}"
         print(
             f"{r['format']:<8}{r['synthesize_rows_per_s']:>12,.0f}{r['synthesize_vs_target']:>9.2f}"
-            f"{r['synthesize_rows_per_cpu_s']:>11,.0f}"
+            f"{r['synthesize_rows_per_cpu_s']:>11,.0f}{r['synthesize_cpu_us_per_row']:>11.2f}"
+            f"{r['synthesize_system_s']:>7.2f}{load:>11}"
             f"{r['generate_rows_per_s']:>11,.0f}{r['encode_rows_per_s']:>11,.0f}"
             f"{r['arrow_join_rows_per_s']:>12,.0f}"
             f"{r['polars_write_csv_rows_per_s']:>12,.0f}{r['python_format_rows_per_s']:>10,.0f}"

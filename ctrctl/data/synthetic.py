@@ -171,8 +171,11 @@ def encode_lines(table: pa.Table, separator: str) -> pa.StringArray:
     return joined
 
 
-def text_of(lines: pa.StringArray) -> memoryview:
-    """The bytes of consecutive lines of a string array, without copying."""
+def text_of(lines: pa.StringArray | pa.ChunkedArray) -> memoryview:
+    """The bytes of consecutive lines of a string array, without copying (those of a
+    chunked array are joined)."""
+    if isinstance(lines, pa.ChunkedArray):
+        return memoryview(b"".join(text_of(piece) for piece in lines.chunks))
     if len(lines) == 0:
         return memoryview(b"")
     _, offsets_buffer, data = lines.buffers()
@@ -227,7 +230,7 @@ def encoded_chunks(
     seed: int = 0,
     cardinalities: Mapping[str, int] | None = None,
     workers: int = 2,
-) -> Iterator[tuple[int, ChunkColumns, pa.StringArray]]:
+) -> Iterator[tuple[int, ChunkColumns, pa.ChunkedArray]]:
     """``(start_row, columns, lines)`` per chunk, made by ``workers`` threads, in order.
 
     The lines are encoded straight from the chunk's numpy columns (no Arrow table; the same
@@ -238,7 +241,7 @@ def encoded_chunks(
     model = _model(format, seed, cardinalities)
     separator = "," if format == "avazu" else "\t"
 
-    def make(chunk: int) -> tuple[int, ChunkColumns, pa.StringArray]:
+    def make(chunk: int) -> tuple[int, ChunkColumns, pa.ChunkedArray]:
         start = chunk * CHUNK_ROWS
         raw = model.columns(chunk, start, min(CHUNK_ROWS, rows - start), rows)
         return start, raw, raw.lines(separator)
@@ -370,12 +373,14 @@ class _SplitWriter:
         self.probs: list[np.ndarray] = []
         self.labels: list[np.ndarray] = []
 
-    def write(self, lines: pa.StringArray, prob: np.ndarray, label: np.ndarray) -> None:
-        text = text_of(lines)
-        if len(text) == 0:
+    def write(self, lines: pa.ChunkedArray, prob: np.ndarray, label: np.ndarray) -> None:
+        if len(lines) == 0:
             return
-        self.file.write(text[1:] if self.rows == 0 else text)
-        self.rows += len(lines)
+        for piece in lines.chunks:
+            text = text_of(piece)
+            if len(text):
+                self.file.write(text[1:] if self.rows == 0 else text)
+                self.rows += len(piece)
         self.probs.append(prob)
         self.labels.append(label)
 

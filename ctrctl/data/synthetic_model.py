@@ -108,7 +108,7 @@ class ChunkColumns:
                 arrays.append(pa.array(values))
         return pa.table(dict(zip(self.names, arrays, strict=True)))
 
-    def lines(self, separator: str) -> pa.StringArray:
+    def lines(self, separator: str) -> pa.ChunkedArray:
         """Each row as a text line starting with ``\\n`` (see :func:`encode_columns`)."""
         return encode_columns(self.columns, separator.encode())
 

@@ -269,7 +269,7 @@ def _word_view(matrix: np.ndarray, offset: int, dtype: np.dtype) -> np.ndarray:
     )
 
 
-def encode_columns(columns: list[Column], separator: bytes) -> pa.StringArray:
+def encode_columns(columns: list[Column], separator: bytes) -> pa.ChunkedArray:
     """Each row of ``columns`` as one line starting with ``\\n``, fields split by ``separator``.
 
     Args:
@@ -280,7 +280,8 @@ def encode_columns(columns: list[Column], separator: bytes) -> pa.StringArray:
         separator: one byte between fields (not a zero byte).
 
     Returns:
-        A string array of the lines (consecutive in one buffer; see ``text_of``).
+        The lines as a chunked string array, one chunk per block of rows (the Arrow filter's
+        output, not copied again); each chunk's lines are consecutive in one buffer.
     """
     if len(separator) != 1 or separator == b"\0":
         raise ValueError(f"separator must be one nonzero byte, got {separator!r}")
@@ -300,9 +301,7 @@ def encode_columns(columns: list[Column], separator: bytes) -> pa.StringArray:
         for w in words:
             views.append((_word_view(matrix, at, w.dtype), w))
             at += w.itemsize
-    out = np.empty(n * row_width, dtype=np.uint8)  # at most; only what is kept is touched
-    lengths = np.empty(n, dtype=np.int64)
-    size = 0
+    pieces = []  # one string array per block, over the filter's output
     for lo in range(0, n, block):
         hi = min(n, lo + block)
         m = hi - lo
@@ -311,21 +310,18 @@ def encode_columns(columns: list[Column], separator: bytes) -> pa.StringArray:
         flat = matrix[:m].reshape(-1)
         bits = np.packbits(flat, bitorder="little")  # nonzero -> 1; (m * row_width / 8,)
         counts = np.bitwise_count(bits.view(np.uint64)).reshape(m, -1)  # (m, row_width / 64)
-        length = lengths[lo:hi]
+        offsets = np.zeros(m + 1, dtype=np.int32)
+        length = offsets[1:]
         length[:] = counts[:, 0]
         for word in range(1, counts.shape[1]):
             length += counts[:, word]
+        np.cumsum(offsets, out=offsets)
         kept = pc.filter(
             pa.Array.from_buffers(pa.uint8(), len(flat), [None, pa.py_buffer(flat)]),
             pa.Array.from_buffers(pa.bool_(), len(flat), [None, pa.py_buffer(bits)]),
         )
-        count = len(kept)
-        out[size : size + count] = np.frombuffer(
-            kept.buffers()[1], dtype=np.uint8, count=count, offset=kept.offset
-        )
-        size += count
-    if size >= 2**31:
-        raise ValueError("chunk text over 2 GiB: use smaller chunks")
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(out[:size]))
+        data = kept.buffers()[1]
+        if kept.offset:
+            data = data.slice(kept.offset)
+        pieces.append(pa.StringArray.from_buffers(m, pa.py_buffer(offsets), data))
+    return pa.chunked_array(pieces, type=pa.string())
