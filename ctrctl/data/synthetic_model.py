@@ -246,8 +246,15 @@ def _zipf_inverse(u: np.ndarray, cardinality: int, exponent: float) -> np.ndarra
     """The rank of each uniform by the inverse of the continuous density, as intp."""
     q = 1.0 - exponent
     lo, hi = 0.5**q, (cardinality + 0.5) ** q
-    x = np.exp(np.log(lo + u * (hi - lo)) * (1.0 / q))
-    ranks = (x + 0.5).astype(np.intp) - 1
+    # x = exp(log(lo + u * (hi - lo)) / q) + 0.5, in place: one temporary stays in cache.
+    x = u * (hi - lo)
+    x += lo
+    np.log(x, out=x)
+    x *= 1.0 / q
+    np.exp(x, out=x)
+    x += 0.5
+    ranks = x.astype(np.intp)
+    ranks -= 1
     np.clip(ranks, 0, cardinality - 1, out=ranks)
     return ranks
 
@@ -375,21 +382,27 @@ class ClickModel:
         """
         spec = self.spec
         logits = np.zeros(n)
+        # Scratch arrays reused feature after feature stay in cache (a fresh temporary per
+        # step would not); rng.random(n, out=u) draws what rng.random(n) would.
+        u = np.empty(n)
+        effect = np.empty(n)
+        index = np.empty(n, dtype=np.intp)
         missing: dict[str, np.ndarray] = {}
         for group, rate in spec.groups.items():
             if group in spec.complements:
                 missing[group] = ~missing[spec.complements[group]]
             else:
-                missing[group] = rng.random(n) < rate
+                missing[group] = rng.random(n, out=u) < rate
         dense: dict[str, np.ndarray] = {}
         for d, dictionary in zip(spec.dense, self.dense_dictionaries, strict=True):
             level = rng.integers(0, NORMAL_LEVELS, n, dtype=np.uint16).astype(np.intp)
             mask = missing.get(d.group) if d.group else None
             if d.effect:
-                contribution = d.effect * spec.effect_scale * np.take(_normal_levels(), level)
+                np.take(_normal_levels(), level, out=effect, mode="clip")  # unbuffered
+                effect *= d.effect * spec.effect_scale
                 if mask is not None:
-                    np.putmask(contribution, mask, 0.0)
-                logits += contribution
+                    np.putmask(effect, mask, 0.0)
+                logits += effect
             codes = level
             if d.negative_rate:
                 negative = np.flatnonzero(rng.random(n) < d.negative_rate)
@@ -405,7 +418,7 @@ class ClickModel:
         for f in self.features:
             s = f.spec
             mask = missing.get(s.group) if s.group else None
-            u = rng.random(n)
+            rng.random(n, out=u)
             if mask is not None and placeholder:
                 ranks = _zipf_positions(u, max(s.cardinality - 1, 1), s.exponent) + 1
                 np.minimum(ranks, s.cardinality - 1, out=ranks)
@@ -418,7 +431,8 @@ class ClickModel:
                     # pair tables below it reads the last entry (no effect), as rare ranks.
                     np.putmask(ranks, mask, f.dictionary.missing_code)
             if s.effect:
-                logits += np.take(f.effects, np.minimum(ranks, len(f.effects) - 1))
+                np.minimum(ranks, len(f.effects) - 1, out=index)
+                logits += np.take(f.effects, index, out=effect, mode="clip")
             sparse[s.name] = ranks
         if self.pair is not None and spec.interaction is not None:
             a, b, _ = spec.interaction
