@@ -28,9 +28,9 @@ from ctrctl.data.synthetic import (
     text_of,
     zipf_ranks,
 )
-from ctrctl.data.synthetic_model import click_model
+from ctrctl.data.synthetic_model import HASH_TABLE_MAX, RankHashes, click_model
 from ctrctl.data.synthetic_specs import AVAZU_COLUMNS, format_spec
-from ctrctl.data.synthetic_text import encode_columns
+from ctrctl.data.synthetic_text import Coded, Dictionary, encode_columns, field_words, text_words
 from ctrctl.errors import ConfigError, OutputExistsError
 
 CRITEO_ROWS = 60_000
@@ -201,6 +201,69 @@ def test_byte_matrix_lines_equal_the_arrow_encoder(fmt: str) -> None:
     ]
 
 
+def _printed(coded: Coded, row: int) -> str:
+    """What a reader of the text expects for one row of a coded column."""
+    code = int(coded.codes[row])
+    if code == coded.dictionary.missing_code:
+        return ""
+    value = int(coded.dictionary.values[code])
+    return f"{value:08x}" if coded.dtype == np.uint32 else str(value)
+
+
+def test_coded_columns_print_their_dictionary_values_and_missing_codes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ctrctl.data.synthetic_text as synthetic_text
+
+    monkeypatch.setattr(synthetic_text, "_BLOCK_BYTES", 64 * 1000)  # blocks of 1000 rows
+    rng = np.random.default_rng(3)
+    n = 4500
+    wide = Dictionary(np.array([0, -7, 10**9, -(10**15), 2**63 - 1, 42], dtype=np.int64))
+    narrow = Dictionary(np.array([5, 1234, -3], dtype=np.int64))
+    hashes = Dictionary(rng.integers(0, 2**32, 50, dtype=np.uint64).astype(np.uint32))
+    assert [t.dtype for t in narrow.tables()] == [np.uint32]  # 4 characters fit one word
+    assert len(wide.tables()) == 3  # 20 characters: three 8-byte words
+    coded = [
+        Coded(rng.integers(0, len(d) + 1, n).astype(np.intp), d)  # code len(d): missing
+        for d in (wide, narrow, hashes)
+    ]
+    ids = rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False)  # plain, 20 digits
+    lines = encode_columns([(ids, None)] + [(c, None) for c in coded], b"\t")
+    assert lines.num_chunks == 5
+    assert lines.to_pylist() == [
+        "\n" + "\t".join([str(int(ids[i]))] + [_printed(c, i) for c in coded]) for i in range(n)
+    ]
+    missing = coded[1].missing()
+    assert missing is not None and np.array_equal(missing, coded[1].codes == len(narrow))
+
+
+def test_rank_hashes_tabulate_frequent_ranks_and_hash_rare_ones() -> None:
+    hashes = RankHashes(HASH_TABLE_MAX * 3, np.uint32(12345))
+    codes = np.array([0, 1, HASH_TABLE_MAX - 1, HASH_TABLE_MAX, 2 * HASH_TABLE_MAX + 7,
+                      len(hashes), 3], dtype=np.intp)  # len(hashes): missing
+    values = hashes.decode(codes)
+    np.testing.assert_array_equal(values[:2], hashes.values[:2])  # the table's hashes
+    assert len(np.unique(values[:5])) == 5
+    lines = encode_columns([(Coded(codes, hashes), None)], b",")
+    expected = [
+        "\n" if c == len(hashes) else f"\n{int(v):08x}"
+        for c, v in zip(codes, values, strict=True)
+    ]
+    assert lines.to_pylist() == expected
+
+
+def test_text_words_right_align_decimal_and_hex_text() -> None:
+    values = np.array([0, 7, -12, 99_999_999, -(10**8), 2**63 - 1, -(2**63)], dtype=np.int64)
+    words = text_words(values)
+    assert words.shape == (len(values), 3)
+    texts = [bytes(row.view(np.uint8)).lstrip(b"\0").decode() for row in words]
+    assert texts == [str(v) for v in values.tolist()]
+    hexes = text_words(np.array([0, 0xDEADBEEF], dtype=np.uint32))
+    assert [bytes(r.view(np.uint8)) for r in hexes] == [b"00000000", b"deadbeef"]
+    assert [w.dtype for w in field_words(np.array([1, 9999]))] == [np.uint32]
+    assert [w.dtype for w in field_words(np.array([1, -9999]))] == [np.uint64]
+
+
 def test_in_memory_generator_matches_the_files(criteo_logs: Path) -> None:
     batch = generate_criteo(CRITEO_ROWS, seed=7)
     train = np.load(criteo_logs / "train.prob.npy")
@@ -278,6 +341,10 @@ def test_hex_strings_and_roc_auc_against_references() -> None:
     label = rng.random(5000) < prob
     assert roc_auc(prob, label) == pytest.approx(roc_auc_score(label, prob), rel=1e-12)
     assert np.isnan(roc_auc(prob, np.zeros(5000)))
+    # float32 probabilities take the sorted-key path; ties (many here) count one half.
+    prob32 = prob.astype(np.float32)
+    assert roc_auc(prob32, label) == pytest.approx(roc_auc_score(label, prob32), rel=1e-12)
+    assert roc_auc(np.array([0.5, 0.5, 0.2], dtype=np.float32), np.array([1, 0, 0])) == 0.75
 
 
 # ----------------------------------------------------------------------------- avazu
