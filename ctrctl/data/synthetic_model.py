@@ -164,15 +164,6 @@ class RankHashes(Dictionary):
         return [words]
 
 
-@functools.lru_cache(maxsize=1)
-def _hex_table() -> np.ndarray:
-    """uint32 words holding the 4 lowercase hex digits of every 16-bit value, in byte order."""
-    digits = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-    v = np.arange(65536, dtype=np.uint32)
-    chars = np.stack([digits[(v >> s) & 15] for s in (12, 8, 4, 0)], axis=1)  # (65536, 4)
-    return np.ascontiguousarray(chars).view(np.uint32).ravel()
-
-
 def hex_strings(values: np.ndarray, valid: np.ndarray | None = None) -> pa.StringArray:
     """8-digit lowercase hex strings of uint32 values, null where ``valid`` is False.
 
@@ -182,11 +173,8 @@ def hex_strings(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Strin
         >>> hex_strings(np.array([255, 3735928559], dtype=np.uint32)).to_pylist()
         ['000000ff', 'deadbeef']
     """
-    table = _hex_table()
     n = len(values)
-    words = np.empty((n, 2), dtype=np.uint32)  # (n, 8 chars)
-    words[:, 0] = table[values >> np.uint32(16)]
-    words[:, 1] = table[values & np.uint32(0xFFFF)]
+    words = text_words(np.ascontiguousarray(values, dtype=np.uint32))  # (n, 1): 8 chars each
     offsets = np.arange(0, 8 * n + 1, 8, dtype=np.int32)
     return pa.StringArray.from_buffers(
         n, pa.py_buffer(offsets), pa.py_buffer(words), _bitmap(valid)
