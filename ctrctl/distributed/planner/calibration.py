@@ -5,8 +5,9 @@ short microbenchmarks here (well under a minute) and writes ``topology.json``:
 
 * **embedding kernels**: FBGEMM's training TBE (``SplitTableBatchedEmbeddingBagsCodegen``,
   CPU, exact row-wise Adagrad fused into backward) forward and backward+update, per
-  embedding dim; the figure stored is bytes the cost model counts (ids + rows read + pooled
-  output) over the measured seconds, so the model reproduces the measurement. Without
+  embedding dim, on a table that fits the caches (1 MiB) and on one that does not (64 MiB);
+  the figure stored is bytes the cost model counts (ids + rows read + pooled output) over
+  the measured seconds, so the model reproduces the measurement. Without
   fbgemm_gpu, ``torch.nn.EmbeddingBag`` with a sparse update stands in.
 * **memory bandwidth**: a large tensor copy.
 * **sharding types**: the fixed cost per step of each sharding type, and its cost per table
@@ -25,12 +26,15 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import math
 import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +60,30 @@ def _fastest_time(fn: Callable[[], Any], repeats: int, warmup: int = 2) -> float
     return min(times)
 
 
-def _tbe_step_times(dim: int, rows: int, batch: int, pooling: int, repeats: int
-                    ) -> tuple[float, float]:
-    """Seconds of one forward and of one backward(+fused update) of one table."""
+def _timed_lookup(lookup: tuple[Callable[[], Any], Callable[[], None], int], dim: int,
+                  repeats: int) -> tuple[float, float]:
+    """The fastest forward and backward(+update) of ``repeats`` (after two warm-ups)."""
+    import torch
+
+    forward, step, batch = lookup
+    with torch.no_grad():
+        fwd = _fastest_time(forward, repeats)
+    grad = torch.ones(batch, dim)
+    backward_times = []
+    for i in range(repeats + 2):  # two warm-up steps
+        out = forward()
+        start = time.perf_counter()
+        out.backward(grad)
+        step()
+        if i >= 2:
+            backward_times.append(time.perf_counter() - start)
+    return fwd, min(backward_times)
+
+
+def _tbe_lookup(dim: int, rows: int, batch: int, pooling: int
+                ) -> tuple[Callable[[], Any], Callable[[], None], int]:
+    """One table's lookup (forward), its optimizer step (a no-op where the update is fused
+    into backward) and the batch, on fixed random ids."""
     import torch
 
     torch.manual_seed(0)
@@ -92,37 +117,53 @@ def _tbe_step_times(dim: int, rows: int, batch: int, pooling: int, repeats: int
     else:
         def step() -> None:
             return None
-
-    with torch.no_grad():
-        fwd = _fastest_time(forward, repeats)
-    grad = torch.ones(batch, dim)
-
-    backward_times = []
-    for i in range(repeats + 2):  # two warm-up steps
-        out = forward()
-        start = time.perf_counter()
-        out.backward(grad)
-        step()
-        if i >= 2:
-            backward_times.append(time.perf_counter() - start)
-    return fwd, min(backward_times)
+    return forward, step, batch
 
 
-def measure_kernels(dims: tuple[int, ...] = CALIBRATION_DIMS, rows: int = 200_000,
-                    batch: int = 4096, pooling: int = 4, repeats: int = 5
-                    ) -> tuple[dict[str, float], dict[str, float]]:
-    """Effective forward and backward bandwidth (bytes/s, as the cost model counts bytes)
-    of the embedding kernel at each dim."""
-    fwd_bw, bwd_bw = {}, {}
-    for dim in dims:
-        fwd, bwd = _tbe_step_times(dim, rows, batch, pooling, repeats)
-        n_ids = batch * pooling
+@dataclass
+class KernelFigures:
+    """Effective bandwidths (bytes/s, as the cost model counts bytes) of the embedding kernel
+    by dim: forward and backward(+update), on a table that fits the caches and on one that
+    does not (of ``table_bytes``)."""
+
+    fwd_bw: dict[str, float]
+    bwd_bw: dict[str, float]
+    fwd_bw_cached: dict[str, float]
+    bwd_bw_cached: dict[str, float]
+    table_bytes: tuple[float, float]
+
+
+#: Table sizes of the kernel benchmark: one that fits a core's caches, one far beyond them.
+KERNEL_TABLE_BYTES = (2.0**20, 2.0**26)
+
+
+def measure_kernels(dims: tuple[int, ...] = CALIBRATION_DIMS,
+                    table_bytes: tuple[float, float] = KERNEL_TABLE_BYTES,
+                    batch: int = 4096, pooling: int = 4, repeats: int = 5, rounds: int = 2
+                    ) -> KernelFigures:
+    """The embedding kernel's forward and backward bandwidth at each dim, on a small and on
+    a large table: the fastest of ``rounds`` passes over them (a burst of other work on the
+    machine then spoils one pass of one case, not the figure)."""
+    cases = [(dim, size) for size in table_bytes for dim in dims]
+    lookups = {(dim, size): _tbe_lookup(dim, max(int(size) // (dim * 4), 1), batch, pooling)
+               for dim, size in cases}
+    best = {case: (math.inf, math.inf) for case in cases}
+    for _ in range(rounds):
+        for dim, size in cases:
+            fwd, bwd = _timed_lookup(lookups[(dim, size)], dim, repeats)
+            old = best[(dim, size)]
+            best[(dim, size)] = (min(old[0], fwd), min(old[1], bwd))
+    figures: list[dict[str, float]] = [{}, {}, {}, {}]
+    n_ids = batch * pooling
+    for dim, size in cases:
+        fwd, bwd = best[(dim, size)]
         counted = n_ids * INDEX_BYTES + n_ids * dim * 4 + batch * dim * 4
-        fwd_bw[str(dim)] = counted / fwd
-        bwd_bw[str(dim)] = counted / bwd
-        logger.info("kernel dim %d: forward %.3f ms, backward+update %.3f ms", dim,
-                    fwd * 1e3, bwd * 1e3)
-    return fwd_bw, bwd_bw
+        at = 0 if size == table_bytes[1] else 2
+        figures[at][str(dim)] = counted / fwd
+        figures[at + 1][str(dim)] = counted / bwd
+        logger.info("kernel dim %d, %.0f MiB table: forward %.3f ms, backward+update %.3f ms",
+                    dim, size / 2**20, fwd * 1e3, bwd * 1e3)
+    return KernelFigures(figures[0], figures[1], figures[2], figures[3], table_bytes)
 
 
 def measure_memory_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
@@ -135,9 +176,14 @@ def measure_memory_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
     return 2 * src.numel() * 4 / seconds
 
 
-def _collective_body(rank: int, world_size: int, small: int, large: int, repeats: int
+#: Message sizes (bytes per rank) of the collectives' benchmark: the range a CPU run moves
+#: (ids and pooled vectors of a few thousand samples, gradients of data-parallel tables).
+COLLECTIVE_SIZES = (64 * 2**10, 512 * 2**10, 2 * 2**20, 8 * 2**20)
+
+
+def _collective_body(rank: int, world_size: int, sizes: tuple[int, ...], repeats: int
                      ) -> dict[str, float]:
-    """Run in each of two processes: latency and bandwidth of each collective."""
+    """Run in each of two processes: seconds of each collective at each size."""
     import torch
     import torch.distributed as dist
 
@@ -149,7 +195,8 @@ def _collective_body(rank: int, world_size: int, small: int, large: int, repeats
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     out: dict[str, float] = {}
-    for label, numel in (("small", small), ("large", large)):
+    for nbytes in sizes:
+        numel = nbytes // 4
         x = torch.ones(numel)
         a2a_out = torch.empty_like(x)
         rs_out = torch.empty(numel // world_size)
@@ -161,62 +208,236 @@ def _collective_body(rank: int, world_size: int, small: int, large: int, repeats
             "all_reduce": functools.partial(dist.all_reduce, x),
         }
         for name, call in calls.items():
-            out[f"{name}_{label}"] = timed(call)
+            out[f"{name}_{nbytes}"] = timed(call)
     return out
 
 
-def measure_collectives(large_bytes: int = 16 * 2**20, small_bytes: int = 1024,
-                        repeats: int = 7) -> tuple[dict[str, float], float]:
+def fit_latency_bandwidth(charged: list[float], seconds: list[float]) -> tuple[float, float]:
+    """``seconds = latency + charged / bandwidth`` fitted to measurements, each point
+    weighted by its inverse time (relative errors count, so small messages weigh as much as
+    large ones); returns (latency >= 0, bandwidth)."""
+    import numpy as np
+
+    x, y = np.asarray(charged, dtype=np.float64), np.asarray(seconds, dtype=np.float64)
+    w = 1.0 / y
+    design = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    (latency, per_byte), *_ = np.linalg.lstsq(design, y * w, rcond=None)
+    if latency < 0:  # the line through the origin
+        latency, per_byte = 0.0, float((w * w * x * y).sum() / (w * w * x * x).sum())
+    if per_byte <= 0:  # no growth with size: the largest message's average rate
+        per_byte = float(y[-1] / x[-1])
+    return float(latency), 1.0 / float(per_byte)
+
+
+def measure_collectives(sizes: tuple[int, ...] = COLLECTIVE_SIZES, repeats: int = 5
+                        ) -> tuple[dict[str, float], float]:
     """Bandwidth of each collective between two local processes (bytes/s, in the cost
-    model's convention) and the fixed latency of one call (seconds)."""
+    model's convention) and the fixed latency of one call (seconds, the median over the
+    collectives), fitted over ``sizes`` bytes per rank."""
     from ctrctl.testing.multiprocess import run_multiprocess
 
-    results = run_multiprocess(_collective_body, world_size=2,
-                               args=(small_bytes // 4, large_bytes // 4, repeats),
+    results = run_multiprocess(_collective_body, world_size=2, args=(sizes, repeats),
                                timeout_s=120)
     # The slower rank sets the pace of a collective.
     times = {k: max(r[k] for r in results) for k in results[0]}
-    latency = statistics.median(times[f"{c}_small"] for c in
-                                ("all_to_all", "reduce_scatter", "all_gather", "all_reduce"))
     world = 2
     remote = (world - 1) / world
-    # Bytes the cost model charges for one call on ``large_bytes`` per rank.
-    charged = {"all_to_all": large_bytes * remote, "reduce_scatter": large_bytes * remote,
-               "all_gather": large_bytes * world * remote,
-               "all_reduce": 2 * remote * large_bytes}
-    bandwidth = {name: charged[name] / max(times[f"{name}_large"] - latency, 1e-9)
-                 for name in charged}
-    return bandwidth, latency
+    # Bytes the cost model charges for one call on ``n`` bytes per rank.
+    factor = {"all_to_all": remote, "reduce_scatter": remote, "all_gather": world * remote,
+              "all_reduce": 2 * remote}
+    bandwidth, latencies = {}, []
+    for name, f in factor.items():
+        latency, bw = fit_latency_bandwidth([n * f for n in sizes],
+                                            [times[f"{name}_{n}"] for n in sizes])
+        bandwidth[name] = bw
+        latencies.append(latency)
+        logger.info("%s: latency %.3f ms, %.2f GB/s", name, latency * 1e3, bw / 1e9)
+    return bandwidth, statistics.median(latencies)
 
 
-def measure_sharding_overheads(steps: int = 10) -> tuple[dict[str, float], dict[str, float]]:
-    """Seconds per step each sharding type costs on two ranks with tiny tables and batch,
-    as a fixed part and a part per table (from runs with 2 and with 6 tables): what a type
-    adds whatever the tables' size (collective latency, bucketing, permutes, launches)."""
-    from ctrctl.distributed.planner.measure import measure_many_body, table_payload
-    from ctrctl.distributed.planner.planner import EmbeddingShardingPlanner
+def _host_parallelism_body(rank: int, world_size: int, repeats: int, tries: int
+                           ) -> tuple[list[float], list[float]]:
+    """Run in each process: seconds of each try of a short kernel loop on rank 0 alone
+    (others wait), and on every rank at once (both lists are empty on ranks that idled)."""
+    import torch
+    import torch.distributed as dist
+
+    forward, step, batch = _tbe_lookup(64, 100_000, 1024, 4)
+    grad = torch.ones(batch, 64)
+
+    def loop() -> float:
+        start = time.perf_counter()
+        for _ in range(repeats):
+            forward().backward(grad)
+            step()
+        return time.perf_counter() - start
+
+    loop()  # warm-up
+    alone, together = [], []
+    for _ in range(tries):
+        dist.barrier()
+        if rank == 0:
+            alone.append(loop())
+        dist.barrier()
+        together.append(loop())
+    return alone, together
+
+
+def measure_host_parallelism(repeats: int = 20, tries: int = 25) -> float:
+    """Ranks' worth of kernel work this host does at once with every rank busy: with ``n``
+    local processes (one per core, at most 8), ``n`` times the time of one process alone
+    over the time of each when all run. 1.0 means the ranks run no faster together than
+    one alone (two vCPUs that share a core, or a machine busy with other work), ``n`` that
+    they do not slow each other."""
+    from ctrctl.testing.multiprocess import run_multiprocess
+
+    n = max(2, min(os.cpu_count() or 2, 8))
+    results = run_multiprocess(_host_parallelism_body, world_size=n,
+                               args=(repeats, tries), timeout_s=120)
+    # Each try pairs a run alone with a run of all ranks (a try lasts as long as its
+    # slowest rank) moments later; the median over tries ignores the ones that other work
+    # on the machine disturbed.
+    ratios = [n * results[0][0][t] / max(r[1][t] for r in results) for t in range(tries)]
+    parallel = min(max(statistics.median(ratios), 0.5), float(n))
+    logger.info("host: %d ranks do %.2f ranks' worth of kernel work at once", n, parallel)
+    return parallel
+
+
+@dataclass
+class ShardingFigures:
+    """What the sharded module costs per sharding type, beyond kernels and collectives.
+
+    Attributes:
+        overhead_s: fixed seconds per step of each type.
+        overhead_per_table_s: further seconds per step per table of each type.
+        pooled_output_bw: bytes/s of each type's handling of pooled vectors (routed types).
+        dense_update_bw: bytes/s of a data-parallel replica's dense backward and update.
+    """
+
+    overhead_s: dict[str, float]
+    overhead_per_table_s: dict[str, float]
+    pooled_output_bw: dict[str, float]
+    dense_update_bw: float | None
+
+
+def _tiny_tables(n: int) -> list[Any]:
     from ctrctl.distributed.planner.types import TableConstraints, TableSpec
+
+    return [TableSpec(f"tiny{i}", 64, 16, constraints=TableConstraints(min_col_block=8))
+            for i in range(n)]
+
+
+def _bulk_tables(replicated: bool = False) -> list[Any]:
+    """Tables whose pooled vectors are large enough to time their handling: a mix of dims
+    and pooling factors. Replicated (data-parallel) ones are four times taller: a replica's
+    cost is its size, and the allocator serves tens of MB differently from a few."""
+    from ctrctl.distributed.planner.types import TableConstraints, TableSpec
+
+    blocks = TableConstraints(min_col_block=16)
+    scale = 4 if replicated else 1
+    return [TableSpec("bulk0", 50_000 * scale, 64, pooling_factor=4.0, constraints=blocks),
+            TableSpec("bulk1", 20_000 * scale, 128, pooling_factor=1.0, constraints=blocks),
+            TableSpec("bulk2", 30_000 * scale, 32, pooling_factor=2.0, constraints=blocks),
+            TableSpec("bulk3", 10_000 * scale, 64, pooling_factor=1.0, constraints=blocks)]
+
+
+def _solve_increasing(f: Callable[[float], float], target: float) -> float:
+    """The ``x >= 0`` where the increasing ``f`` reaches ``target`` (0 when f(0) already
+    does), by doubling then bisection."""
+    if f(0.0) >= target:
+        return 0.0
+    high = 1e-12
+    while f(high) < target and high < 1.0:
+        high *= 2
+    low = 0.0
+    for _ in range(50):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if f(mid) < target else (low, mid)
+    return high
+
+
+#: Sharding types that share one code path (ids routed whole, a pooled all-to-all, then a
+#: column gather) and so their figures: the median over their runs.
+ROUTED_TYPES = ("table_wise", "column_wise", "table_column_wise")
+
+
+def measure_sharding_types(topology: Topology, steps: int = 10, rounds: int = 2,
+                           bulk_batch: int = 1024) -> ShardingFigures:
+    """Each sharding type's own costs, from the sharded module on two ranks.
+
+    * fixed and per-table seconds: runs on 2 and on 6 tiny tables (tiny batch), whose time
+      is all latency, bucketing, permutes and launches;
+    * the handling of pooled vectors (data-parallel: the dense update): a run on a few
+      mid-sized tables at ``bulk_batch`` samples per rank; the figure is the one with which
+      ``topology``'s cost model reproduces the measured step (row-wise types reduce-scatter
+      their partial sums with few copies; the routed types copy theirs several times).
+
+    Types that share a code path (:data:`ROUTED_TYPES`) share the median of their figures:
+    one run of each is three measurements of one thing.
+
+    Each run is the fastest of ``rounds`` (runs of all types interleaved).
+
+    Args:
+        topology: the measured kernel, memory and collective figures (two ranks, one host).
+    """
+    from ctrctl.distributed.planner.measure import measure_many_body, table_payload
+    from ctrctl.distributed.planner.planner import EmbeddingShardingPlanner, rate_plan
     from ctrctl.distributed.types import ShardingType
     from ctrctl.testing.multiprocess import run_multiprocess
 
-    topo = Topology.preset("cpu", 2, 2)
+    dp = ShardingType.DATA_PARALLEL.value
+    tiny_topo = Topology.preset("cpu", 2, 2)
     kinds = [t.value for t in ShardingType]
     sizes = (2, 6)
-    items = []
+    items, bulk = [], {}
     for kind in kinds:
         for n in sizes:
-            tiny = [TableSpec(f"tiny{i}", 64, 16, constraints=TableConstraints(min_col_block=8))
-                    for i in range(n)]
-            plan = EmbeddingShardingPlanner(topo, 16, (kind,)).plan(tiny).plan
-            items.append((table_payload(tiny), plan.to_dict(), 16, steps))
-    times = run_multiprocess(measure_many_body, 2, args=(items,), timeout_s=300)
+            tiny = _tiny_tables(n)
+            plan = EmbeddingShardingPlanner(tiny_topo, 16, (kind,)).plan(tiny).plan
+            items.append((table_payload(tiny), plan.to_dict(), 16, 2 * steps))
+        tables = _bulk_tables(replicated=kind == dp)
+        plan = EmbeddingShardingPlanner(topology, bulk_batch, (kind,)).plan(tables).plan
+        bulk[kind] = (tables, plan)
+        items.append((table_payload(tables), plan.to_dict(), bulk_batch,
+                      max(steps // 2, 3) if kind == dp else steps))
+    runs = run_multiprocess(measure_many_body, 2, args=(items * rounds,), timeout_s=600)
+    # The slower rank of a run; the fastest of the rounds.
+    times = [min(max(rank[r * len(items) + i] for rank in runs) for r in range(rounds))
+             for i in range(len(items))]
     fixed, per_table = {}, {}
     for k, kind in enumerate(kinds):
-        small, large = (max(rank[2 * k + j] for rank in times) for j in range(2))
-        slope = max((large - small) / (sizes[1] - sizes[0]), 0.0)
-        per_table[kind] = slope
-        fixed[kind] = max(small - slope * sizes[0], 0.0)
-    return fixed, per_table
+        small, large = times[3 * k: 3 * k + 2]
+        per_table[kind] = max((large - small) / (sizes[1] - sizes[0]), 0.0)
+        fixed[kind] = max(small - per_table[kind] * sizes[0], 0.0)
+    for figure in (fixed, per_table):
+        shared = statistics.median(figure[k] for k in ROUTED_TYPES)
+        figure.update({k: shared for k in ROUTED_TYPES})
+    seconds_per_byte = {}
+    for k, kind in enumerate(kinds):
+        measured = times[3 * k + 2]
+        known = dataclasses.replace(topology, sharding_overhead_s={kind: fixed[kind]},
+                                    sharding_overhead_per_table_s={kind: per_table[kind]})
+        tables, plan = bulk[kind]
+
+        def estimate(per_byte: float, kind: str = kind, known: Topology = known,
+                     tables: list[Any] = tables, plan: Any = plan) -> float:
+            bw = 1.0 / per_byte if per_byte > 0 else 1e30  # 1e30: free
+            if kind == dp:
+                topo = dataclasses.replace(known, dense_update_bw=bw)
+            else:
+                topo = dataclasses.replace(known, pooled_output_bw={kind: bw})
+            return rate_plan(plan, tables, topo, bulk_batch).step_time
+
+        seconds_per_byte[kind] = _solve_increasing(estimate, measured)
+        logger.info("%s: %.3f ms fixed + %.3f ms per table; bulk run %.2f ms, %.2f ms modeled "
+                    "without the handling (%.2f GB/s)", kind, fixed[kind] * 1e3,
+                    per_table[kind] * 1e3, measured * 1e3, estimate(0.0) * 1e3,
+                    1e-9 / max(seconds_per_byte[kind], 1e-30))
+    routed = statistics.median(seconds_per_byte[k] for k in ROUTED_TYPES)
+    seconds_per_byte.update({k: routed for k in ROUTED_TYPES})
+    pooled_bw = {kind: 1.0 / v for kind, v in seconds_per_byte.items() if kind != dp and v > 0}
+    dense_bw = 1.0 / seconds_per_byte[dp] if seconds_per_byte[dp] > 0 else None
+    return ShardingFigures(fixed, per_table, pooled_bw, dense_bw)
 
 
 def _memory_total() -> float:
@@ -252,29 +473,37 @@ def calibrate(path: str | Path | None = None, overwrite: bool = False,
     torch.set_num_threads(1)
     try:
         dims = (32, 128) if quick else CALIBRATION_DIMS
-        fwd_bw, bwd_bw = measure_kernels(dims, repeats=3 if quick else 5)
+        kernels = measure_kernels(dims, repeats=3 if quick else 5)
         memory_bw = measure_memory_bandwidth(64 if quick else 256)
     finally:
         torch.set_num_threads(threads)
     collective_bw, latency = measure_collectives(
-        large_bytes=(4 if quick else 16) * 2**20, repeats=3 if quick else 7)
-    try:
-        overheads, per_table = measure_sharding_overheads(steps=5 if quick else 10)
-    except ImportError as exc:  # the sharded module is not available: latency model only
-        logger.warning("sharding overheads not measured (%s)", exc)
-        overheads, per_table = {}, {}
-    seconds = time.perf_counter() - start
+        COLLECTIVE_SIZES[:-1] if quick else COLLECTIVE_SIZES, repeats=3 if quick else 5)
+    parallel = measure_host_parallelism(tries=15 if quick else 25)
     topology = Topology.preset(
         "cpu", world_size=2, local_world_size=2, ddr_bytes=_memory_total() / 2,
         ddr_bw=memory_bw,
-        intra_host_bw=collective_bw["all_to_all"], kernel_fwd_bw=fwd_bw,
-        kernel_bwd_bw=bwd_bw, collective_bw=collective_bw, collective_latency_s=latency,
-        sharding_overhead_s=overheads, sharding_overhead_per_table_s=per_table,
-        calibrated={"host": os.uname().nodename, "seconds": seconds,
-                    "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "threads_per_rank": 1, "torch": torch.__version__,
-                    "host_memory_bytes": _memory_total(),
-                    "kernel": _kernel_name()})
+        intra_host_bw=collective_bw["all_to_all"], kernel_fwd_bw=kernels.fwd_bw,
+        kernel_bwd_bw=kernels.bwd_bw, kernel_fwd_bw_cached=kernels.fwd_bw_cached,
+        kernel_bwd_bw_cached=kernels.bwd_bw_cached, kernel_table_bytes=kernels.table_bytes,
+        collective_bw=collective_bw, collective_latency_s=latency,
+        host_parallelism=parallel)
+    try:
+        figures = measure_sharding_types(topology, steps=5 if quick else 10,
+                                         rounds=2 if quick else 3)
+        topology = dataclasses.replace(
+            topology, sharding_overhead_s=figures.overhead_s,
+            sharding_overhead_per_table_s=figures.overhead_per_table_s,
+            pooled_output_bw=figures.pooled_output_bw,
+            dense_update_bw=figures.dense_update_bw)
+    except ImportError as exc:  # the sharded module is not available: latency model only
+        logger.warning("sharding types not measured (%s)", exc)
+    seconds = time.perf_counter() - start
+    topology = dataclasses.replace(topology, calibrated={
+        "host": os.uname().nodename, "seconds": seconds,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "threads_per_rank": 1, "torch": torch.__version__,
+        "host_memory_bytes": _memory_total(), "kernel": _kernel_name()})
     if path is not None:
         topology.save(path)
     logger.info("calibrated in %.1f s", seconds)

@@ -5,18 +5,30 @@ in a step, pooling factor ``P``, ``c`` columns, ``s`` bytes per element:
 
 * **lookup (forward compute)**: the shard reads its ids (``n_ids * 8`` bytes), the rows they
   name (``n_ids * c * s``) and writes one pooled vector per sample it serves
-  (``n_out * c * s``), all over the kernel's memory bandwidth. Table-wise and column-wise
-  shards see every sample's ids (``n_ids = G * P``); row-wise shards see their share of the
-  ids (``G * P * rows / num_embeddings``) but write partial sums for all ``G`` samples;
+  (``n_out * c * s``), all over the kernel's memory bandwidth (after calibration: measured
+  per dim on a table that fits the caches and on one that does not, interpolated by the
+  shard's size). Table-wise and column-wise shards see every sample's ids
+  (``n_ids = G * P``); row-wise shards see their share of the ids
+  (``G * P * rows / num_embeddings``) but write partial sums for all ``G`` samples;
   data-parallel replicas serve their own ``B`` samples.
 * **backward + fused update**: ``bwd_compute_factor`` x forward (TorchRec's 2), or the
   measured backward bandwidth after calibration. Data-parallel adds a dense optimizer pass
-  over the whole table.
+  over the whole table (at the measured ``dense_update_bw`` after calibration).
 * **communication**: bytes over the link bandwidth, mixing intra- and inter-host links by
   the share of peers on the same host. Table-/column-wise: all-to-all of ids and pooled
   vectors (and gradients back). Row-wise: ids all-to-all, pooled partial sums
   reduce-scattered, gradients all-gathered. Table-row-wise: reduce-scatter inside the host,
   then all-to-all across hosts. Data-parallel: a ring all-reduce of the table's gradient.
+* **pooled-output handling** (calibrated topologies): what the sharded module itself does
+  with the pooled vectors a shard produces besides the kernel and the collectives (copies
+  into and out of the collectives' buffers, column gathers and their gradients): the
+  shard's pooled bytes (``n_out * c * s``) over the type's measured ``pooled_output_bw``,
+  half in forward and half in backward. Uncalibrated topologies leave it out, as TorchRec.
+* **ranks sharing a host** (:func:`slowest_rank_time`): kernel work of ranks that share
+  cores does not run in parallel. A host whose ranks do ``P`` ranks' worth of work at once
+  (``topology.parallel_ranks``) needs at least the sum of its ranks' compute over ``P``
+  plus their mean communication; the step is the larger of that and the slowest rank.
+  GPUs (``host_parallelism`` None) never reach that bound.
 * **storage**: weights + optimizer state (none for SGD, one float per row for row-wise
   Adagrad, 1x for Adagrad, 2x for Adam) + input/output buffers for two batches in flight
   (the train pipeline overlaps the next batch's input distribution). Cached kernels keep
@@ -55,15 +67,28 @@ def _interp_by_dim(table: dict[str, float], cols: np.ndarray) -> np.ndarray:
 
 
 def kernel_bandwidth(topology: Topology, kernel: str, cols: np.ndarray,
-                     cache_load_factor: float | None, backward: bool = False) -> np.ndarray:
-    """Effective bytes/s of the lookup (or backward) kernel on shards ``cols`` wide."""
+                     cache_load_factor: float | None, backward: bool = False,
+                     shard_bytes: np.ndarray | None = None) -> np.ndarray:
+    """Effective bytes/s of the lookup (or backward) kernel on shards ``cols`` wide.
+
+    With figures measured on small (cached) and on large tables, a shard of
+    ``shard_bytes`` takes the seconds per byte interpolated between them in log(bytes).
+    """
     cols = np.asarray(cols, dtype=np.float64)
-    if cols.size > 1 and cols[0] == cols[-1] and (cols == cols[0]).all():
-        # Most options have equal blocks: one value broadcasts over all of them.
-        return kernel_bandwidth(topology, kernel, cols[:1], cache_load_factor, backward)
+    cached = topology.kernel_bwd_bw_cached if backward else topology.kernel_fwd_bw_cached
+    if shard_bytes is None or not cached:
+        if cols.size > 1 and cols[0] == cols[-1] and (cols == cols[0]).all():
+            # Most options have equal blocks: one value broadcasts over all of them.
+            return kernel_bandwidth(topology, kernel, cols[:1], cache_load_factor, backward)
+        shard_bytes = None
     measured = topology.kernel_bwd_bw if backward else topology.kernel_fwd_bw
     if measured:
         base = _interp_by_dim(measured, cols)
+        if shard_bytes is not None and cached:
+            small = _interp_by_dim(cached, cols)
+            low, high = (math.log(b) for b in topology.kernel_table_bytes)
+            share = np.clip((np.log(np.maximum(shard_bytes, 1.0)) - low) / (high - low), 0, 1)
+            base = 1.0 / ((1 - share) / small + share / base)
     else:
         peak = topology.ddr_bw if topology.device == "cpu" else topology.hbm_bw
         base = np.full(cols.shape, peak)
@@ -100,6 +125,10 @@ class _Terms:
     #: Row-wise and data-parallel shards are all alike but the last: terms are computed on
     #: the distinct shards and ``expand`` maps them back to every shard.
     expand: np.ndarray | None = None
+    #: Seconds the sharded module spends on the shard's pooled vectors (None: not modeled).
+    output_s: np.ndarray | None = None
+    #: Bytes of each shard's weights (the rows its kernel reads).
+    shard_bytes: np.ndarray | None = None
 
 
 def _terms(option: ShardingOption, topology: Topology, batch_size: int) -> _Terms:
@@ -166,23 +195,37 @@ def _terms(option: ShardingOption, topology: Topology, batch_size: int) -> _Term
         fwd_comms = (ids_bytes + out_bytes) * remote / a2a
         bwd_comms = out_bytes * remote / a2a
 
+    handled = topology.pooled_output_bw.get(kind.value)
+    if handled and kind is not ShardingType.DATA_PARALLEL:
+        # The rank's own work (it counts as compute): half in forward, half in the
+        # gradients' way back.
+        output_s = out_bytes / handled
+    else:
+        output_s = None
+
     weights = rows * cols * s
     state = 4.0 * (rows * per_row + rows * cols * per_element)
     io = PIPELINE_DEPTH * (ids_bytes + 2 * out_bytes)  # ids, pooled output and its gradient
     if kind is ShardingType.DATA_PARALLEL:
         io = io + weights  # the dense gradient of the replica
     return _Terms(lookup_bytes, update_bytes, fwd_comms, bwd_comms, weights + state, io,
-                  cols, expand)
+                  cols, expand, output_s, weights)
 
 
 def _apply_kernel(option: ShardingOption, terms: _Terms, topology: Topology) -> None:
     kernel, clf = option.compute_kernel, option.cache_load_factor
     cols = terms.cols
-    fwd_compute = terms.lookup_bytes / kernel_bandwidth(topology, kernel, cols, clf)
-    bwd_bw = kernel_bandwidth(topology, kernel, cols, clf, backward=True)
+    fwd_compute = terms.lookup_bytes / kernel_bandwidth(topology, kernel, cols, clf,
+                                                        shard_bytes=terms.shard_bytes)
+    bwd_bw = kernel_bandwidth(topology, kernel, cols, clf, backward=True,
+                              shard_bytes=terms.shard_bytes)
     bwd_compute = terms.lookup_bytes / bwd_bw
     if terms.update_bytes is not None:
-        bwd_compute = bwd_compute + terms.update_bytes / bwd_bw
+        update_bw = topology.dense_update_bw or bwd_bw
+        bwd_compute = bwd_compute + terms.update_bytes / update_bw
+    if terms.output_s is not None:
+        fwd_compute = fwd_compute + 0.5 * terms.output_s
+        bwd_compute = bwd_compute + 0.5 * terms.output_s
     zeros = np.zeros_like(terms.io)
     if topology.device == "cpu":
         hbm, ddr = zeros, terms.weights_state + terms.io
@@ -266,6 +309,30 @@ def step_overhead(tables_by_type: Mapping[str, int] | Iterable[str],
         total += measured.get(kind, topology.collective_latency_s * calls.get(kind, 3))
         total += per_table.get(kind, 0.0) * n
     return total
+
+
+def slowest_rank_time(rank_cost: np.ndarray, topology: Topology) -> float:
+    """Seconds per step of the ranks' own work (without the fixed overhead).
+
+    The slowest rank, or, where a host's ranks share cores (``topology.parallel_ranks`` below
+    its ranks), the host's kernel work over the ranks' worth it does at once plus its ranks'
+    mean communication, whichever is longer.
+
+    Args:
+        rank_cost: ``(W, 4)`` seconds per rank: forward and backward compute, forward and
+            backward communication.
+    """
+    if rank_cost.size == 0:
+        return 0.0
+    slowest = float(rank_cost.sum(axis=1).max())
+    local = topology.local_world_size
+    parallel = topology.parallel_ranks
+    if parallel >= local:
+        return slowest
+    hosts = rank_cost.reshape(topology.world_size // local, local, rank_cost.shape[1])
+    compute = hosts[:, :, :2].sum(axis=(1, 2)) / parallel
+    comms = hosts[:, :, 2:].sum(axis=(1, 2)) / local
+    return max(slowest, float((compute + comms).max()))
 
 
 def lower_bound_step_time(options: list[list[ShardingOption]], world_size: int) -> float:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ctrctl.distributed.planner.enumerators import EmbeddingEnumerator
-from ctrctl.distributed.planner.estimators import price, step_overhead
+from ctrctl.distributed.planner.estimators import price, slowest_rank_time, step_overhead
 from ctrctl.distributed.planner.partitioners import RankState
 from ctrctl.distributed.planner.proposers import (
     Failure,
@@ -73,8 +73,11 @@ class PlanResult:
 
     @property
     def step_time(self) -> float:
-        """Estimated seconds per step of the embedding part: the slowest rank."""
-        return float(self.rank_total.max()) + self.overhead if self.rank_total.size else 0.0
+        """Estimated seconds per step of the embedding part: the slowest rank (or host, where
+        ranks share cores) plus the fixed overhead."""
+        if not self.rank_total.size:
+            return 0.0
+        return slowest_rank_time(self.rank_cost, self.topology) + self.overhead
 
     @property
     def imbalance(self) -> float:
@@ -97,11 +100,15 @@ def _rank_arrays(placements: list[Placement], world: int
 
 
 def _score(placements: list[Placement], topology: Topology) -> float:
-    state = RankState(topology)
-    for p in placements:
-        state.add(p)
+    if topology.parallel_ranks >= topology.local_world_size:
+        state = RankState(topology)
+        for p in placements:
+            state.add(p)
+        slowest = float(state.load.max())
+    else:
+        slowest = slowest_rank_time(_rank_arrays(placements, topology.world_size)[0], topology)
     types = [p.option.sharding_type for p in placements]
-    return float(state.load.max()) + step_overhead(types, topology)
+    return slowest + step_overhead(types, topology)
 
 
 def build_result(placements: list[Placement], topology: Topology, batch_size: int,
@@ -138,7 +145,8 @@ def build_result(placements: list[Placement], topology: Topology, batch_size: in
     result_meta = {
         "planner": PLANNER_VERSION,
         "batch_size_per_rank": batch_size,
-        "estimated_step_seconds": float(total.max()) + overhead if world else 0.0,
+        "estimated_step_seconds": slowest_rank_time(cost, topology) + overhead if world
+        else 0.0,
         "collective_overhead_seconds": overhead,
         "imbalance": float(total.max() / total.mean()) if total.mean() > 0 else 1.0,
         "planning_seconds": seconds,

@@ -50,7 +50,7 @@ class Failure:
     state: RankState
 
 
-def _candidates(options: list[ShardingOption], state: RankState, world: int,
+def _candidates(options: list[ShardingOption], state: RankState, world: float,
                 remaining: float, current_max: float, types: Counter[str]
                 ) -> tuple[tuple[float, float, float], Placement] | None:
     """The best placement over ``options`` by the bound, or None when none fits.
@@ -58,6 +58,9 @@ def _candidates(options: list[ShardingOption], state: RankState, world: int,
     The bound includes the fixed latency of the collectives of every sharding type in use,
     so a new type must pay for its own collectives."""
     topology = state.topology
+    # Ranks that share cores do not add up: the work spreads over the ranks' worth the
+    # hosts do at once.
+    world = min(world, topology.num_hosts * topology.parallel_ranks)
     best: tuple[tuple[float, float, float], Placement] | None = None
     feasible_shapes: set[tuple[str, int]] = set()
     for option in options:

@@ -2,9 +2,12 @@
 
 Defaults come from vendor figures for common GPUs and from TorchRec's planner constants
 (HBM 897 GiB/s, DDR 51 GiB/s, HBM<->DDR 32 GiB/s, intra-host 600 GiB/s, inter-host 12.5 GiB/s)
-for anything not given. ``ctrctl plan --calibrate`` measures this machine instead and saves
-the figures (per-dimension kernel speeds, collective bandwidths and latency) in a topology
-file that later plans read with ``--topology``.
+for anything not given; with them ranks never slow each other and the sharded module costs
+nothing beyond its kernels and collectives, as in TorchRec's model. ``ctrctl plan
+--calibrate`` measures this machine instead and saves the figures (per-dimension kernel
+speeds, collective bandwidths and latency, how much work the host's ranks do at once, each
+sharding type's fixed cost and its handling of pooled outputs) in a topology file that later
+plans read with ``--topology``.
 
 Example:
     >>> topo = Topology.preset("h100", world_size=64, local_world_size=8)
@@ -59,9 +62,18 @@ class Topology:
         cache_load_factor: default share of rows a cached table keeps on the device.
         bwd_compute_factor: backward lookup+update time over forward (TorchRec: 2).
         collective_latency_s: fixed time of one collective call.
+        host_parallelism: how many ranks' worth of kernel work a host does at once when all
+            its ranks compute (None: each rank runs at full speed whatever the others do, as
+            separate GPUs). On a CPU host ranks share cores (and their SMT siblings): two
+            ranks on two vCPUs that run no faster together than one alone measure 1.0.
         kernel_fwd_bw, kernel_bwd_bw: measured effective bandwidths of the embedding kernel
-            by embedding dim (``{"64": bytes/s}``); when set they replace ``hbm_bw`` (or
-            ``ddr_bw`` on cpu) and ``bwd_compute_factor``.
+            by embedding dim (``{"64": bytes/s}``) on tables of ``kernel_table_bytes[1]``;
+            when set they replace ``hbm_bw`` (or ``ddr_bw`` on cpu) and
+            ``bwd_compute_factor``.
+        kernel_fwd_bw_cached, kernel_bwd_bw_cached: the same on tables of
+            ``kernel_table_bytes[0]`` (that fit the caches); a shard's figure is interpolated
+            between the two by its size.
+        kernel_table_bytes: the table sizes of those two measurements.
         collective_bw: measured bus bandwidth by collective (``all_to_all``,
             ``reduce_scatter``, ``all_gather``, ``all_reduce``) within a host.
         sharding_overhead_s: measured fixed seconds per step that using a sharding type
@@ -69,6 +81,13 @@ class Topology:
             when set it replaces the latency model of each type.
         sharding_overhead_per_table_s: measured further seconds per step per table of
             each sharding type (its share of the distribution's bookkeeping).
+        pooled_output_bw: measured bytes/s at which each sharding type's module handles the
+            pooled vectors a shard produces, beyond the kernel and the collectives (copies
+            into and out of the collectives' buffers, column gathers, the gradients' way
+            back); a type not listed costs nothing there.
+        dense_update_bw: measured bytes/s of a data-parallel replica's dense backward and
+            update (the bytes the cost model counts: weight, gradient and optimizer state),
+            as the sharded module runs it (None: the kernel's backward bandwidth, halved).
         calibrated: where the figures came from (empty: defaults).
     """
 
@@ -87,11 +106,17 @@ class Topology:
     cache_load_factor: float = 0.2
     bwd_compute_factor: float = 2.0
     collective_latency_s: float = 2e-5
+    host_parallelism: float | None = None
     kernel_fwd_bw: dict[str, float] = field(default_factory=dict)
     kernel_bwd_bw: dict[str, float] = field(default_factory=dict)
+    kernel_fwd_bw_cached: dict[str, float] = field(default_factory=dict)
+    kernel_bwd_bw_cached: dict[str, float] = field(default_factory=dict)
+    kernel_table_bytes: tuple[float, float] = (2.0**20, 2.0**26)
     collective_bw: dict[str, float] = field(default_factory=dict)
     sharding_overhead_s: dict[str, float] = field(default_factory=dict)
     sharding_overhead_per_table_s: dict[str, float] = field(default_factory=dict)
+    pooled_output_bw: dict[str, float] = field(default_factory=dict)
+    dense_update_bw: float | None = None
     calibrated: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -105,6 +130,8 @@ class Topology:
             raise PlanError(f"unknown device {self.device!r}", hint="use cuda or cpu")
         if not 0 <= self.reserved_fraction < 1:
             raise PlanError(f"reserved_fraction {self.reserved_fraction} is not in [0, 1)")
+        if self.host_parallelism is not None and self.host_parallelism <= 0:
+            raise PlanError(f"host_parallelism {self.host_parallelism} must be positive")
 
     # ---- derived ---------------------------------------------------------------------
     @property
@@ -123,6 +150,13 @@ class Topology:
         """Host bytes per rank left for embeddings (on cpu the dense model lives here)."""
         dense = self.dense_bytes if self.device == "cpu" else 0.0
         return max(self.ddr_bytes * (1 - self.reserved_fraction) - dense, 0.0)
+
+    @property
+    def parallel_ranks(self) -> float:
+        """Ranks' worth of kernel work one host does at once with all its ranks busy."""
+        if self.host_parallelism is None:
+            return float(self.local_world_size)
+        return min(float(self.local_world_size), self.host_parallelism)
 
     def comm_bw(self, collective: str, local_share: float) -> float:
         """Effective bandwidth of ``collective`` when ``local_share`` of its bytes stay on
@@ -182,8 +216,11 @@ class Topology:
         if unknown:
             raise FormatError(f"unknown topology keys: {', '.join(unknown)}", where=where,
                               hint=f"known keys: {', '.join(sorted(names))}")
+        values = {k: v for k, v in data.items() if k in names}
+        if "kernel_table_bytes" in values:  # a JSON list
+            values["kernel_table_bytes"] = tuple(values["kernel_table_bytes"])
         try:
-            return cls(**{k: v for k, v in data.items() if k in names})
+            return cls(**values)
         except TypeError as exc:
             raise FormatError(f"malformed topology: {exc}", where=where) from exc
 

@@ -7,15 +7,38 @@ from pathlib import Path
 import pytest
 
 from ctrctl.distributed.planner import EmbeddingShardingPlanner, TableSpec, Topology
-from ctrctl.distributed.planner.calibration import calibrate, measure_kernels
+from ctrctl.distributed.planner.calibration import (
+    _solve_increasing,
+    calibrate,
+    fit_latency_bandwidth,
+    measure_kernels,
+)
+from ctrctl.distributed.types import ShardingType
 
 
 def test_kernel_measurement_is_positive_and_finite() -> None:
-    fwd, bwd = measure_kernels(dims=(32, 64), rows=20_000, batch=512, pooling=2, repeats=2)
-    assert set(fwd) == set(bwd) == {"32", "64"}
+    k = measure_kernels(dims=(32, 64), table_bytes=(2.0**16, 2.0**22), batch=512, pooling=2,
+                        repeats=2, rounds=1)
+    figures = (k.fwd_bw, k.bwd_bw, k.fwd_bw_cached, k.bwd_bw_cached)
+    assert all(set(f) == {"32", "64"} for f in figures)
     # bytes/s of a memory-bound kernel: above 100 kB/s even on a crowded machine, and below
     # 10 TB/s (which would mean a timing of nothing)
-    assert all(1e5 < v < 1e13 for v in [*fwd.values(), *bwd.values()])
+    assert all(1e5 < v < 1e13 for f in figures for v in f.values())
+
+
+def test_latency_and_bandwidth_fit_a_line() -> None:
+    sizes = [2.0**16, 2.0**19, 2.0**21, 2.0**23]
+    latency, bandwidth = fit_latency_bandwidth(sizes, [1e-4 + n / 2e9 for n in sizes])
+    assert latency == pytest.approx(1e-4, rel=1e-6)
+    assert bandwidth == pytest.approx(2e9, rel=1e-6)
+    # a negative intercept is noise: the line through the origin instead
+    latency, bandwidth = fit_latency_bandwidth(sizes, [n / 1e9 - 1e-5 for n in sizes])
+    assert latency == 0.0 and 0.9e9 < bandwidth < 1.1e9
+
+
+def test_solve_increasing_finds_the_rate_that_reproduces_a_measurement() -> None:
+    assert _solve_increasing(lambda x: 2.0 + 3e9 * x, 5.0) == pytest.approx(1e-9, rel=1e-6)
+    assert _solve_increasing(lambda x: 2.0 + x, 1.0) == 0.0  # already slower: no extra cost
 
 
 @pytest.mark.slow
@@ -28,6 +51,9 @@ def test_calibrate_writes_a_topology_the_planner_reads(tmp_path: Path) -> None:
                                        "all_reduce"}
     assert all(v > 0 for v in topo.collective_bw.values())
     assert topo.collective_latency_s > 0
+    assert topo.host_parallelism is not None and 0.5 <= topo.host_parallelism <= 8
+    assert set(topo.sharding_overhead_s) == {t.value for t in ShardingType}
+    assert all(v > 0 for v in topo.pooled_output_bw.values())
     loaded = Topology.load(path, world_size=2)
     assert loaded.kernel_fwd_bw == topo.kernel_fwd_bw
     result = EmbeddingShardingPlanner(loaded, 1024).plan([TableSpec("t", 100_000, 64)])

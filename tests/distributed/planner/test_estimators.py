@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from torch.testing import assert_close
 
-from ctrctl.distributed.planner import TableSpec, Topology
+from ctrctl.distributed.planner import (
+    EmbeddingShardingPlanner,
+    TableConstraints,
+    TableSpec,
+    Topology,
+    rate_plan,
+)
 from ctrctl.distributed.planner.enumerators import (
     EmbeddingEnumerator,
     column_block_counts,
     row_blocks,
 )
-from ctrctl.distributed.planner.estimators import PIPELINE_DEPTH, kernel_bandwidth
+from ctrctl.distributed.planner.estimators import (
+    PIPELINE_DEPTH,
+    kernel_bandwidth,
+    slowest_rank_time,
+)
+from ctrctl.distributed.planner.types import ShardingOption
+from ctrctl.errors import PlanError
 
 GIB = 1024**3
 
@@ -114,3 +128,83 @@ def test_calibrated_bandwidth_interpolates_by_dim() -> None:
     assert_close(got, np.array([1e9, 1e9, 2e9, 3e9, 3e9]))
     back = kernel_bandwidth(topo, "fused", np.array([64]), None, backward=True)
     assert_close(back, np.array([1e9]))
+
+
+def test_calibrated_bandwidth_interpolates_by_table_size() -> None:
+    topo = Topology.preset("cpu", world_size=1, kernel_fwd_bw={"64": 1e9},
+                           kernel_bwd_bw={"64": 1e9}, kernel_fwd_bw_cached={"64": 4e9},
+                           kernel_bwd_bw_cached={"64": 2e9},
+                           kernel_table_bytes=(2.0**20, 2.0**26))
+    sizes = np.array([2.0**10, 2.0**20, 2.0**23, 2.0**26, 2.0**30])
+    got = kernel_bandwidth(topo, "fused", np.full(5, 64), None, shard_bytes=sizes)
+    # seconds per byte half-way between the two in log(size) at 8 MiB
+    assert_close(got, np.array([4e9, 4e9, 1 / (0.5 / 4e9 + 0.5 / 1e9), 1e9, 1e9]))
+    back = kernel_bandwidth(topo, "fused", np.array([64]), None, backward=True,
+                            shard_bytes=np.array([1.0]))
+    assert_close(back, np.array([2e9]))
+    # a small table's lookups are cheaper per byte than a large one's
+    enum = EmbeddingEnumerator(topo, batch_size=256)
+    small = _option(enum.enumerate(TableSpec("s", 1_000, 64)), "table_wise")
+    large = _option(enum.enumerate(TableSpec("l", 1_000_000, 64)), "table_wise")
+    assert small.fwd_compute[0] < large.fwd_compute[0]
+
+
+def test_pooled_output_handling_and_dense_update_use_calibrated_rates() -> None:
+    table = TableSpec("t", 10_000, 64, pooling_factor=2.0)
+    plain = Topology.preset("cpu", world_size=2, local_world_size=2)
+    measured = Topology.preset("cpu", world_size=2, local_world_size=2,
+                               pooled_output_bw={"table_wise": 1e9}, dense_update_bw=2e9)
+    batch = 100
+
+    def priced(topo: Topology, kind: str) -> ShardingOption:
+        enum = EmbeddingEnumerator(topo, batch_size=batch, sharding_types=(kind,))
+        return _option(enum.enumerate(table), kind, "dense" if kind == "data_parallel"
+                       else "fused")
+
+    base, handled = priced(plain, "table_wise"), priced(measured, "table_wise")
+    pooled_bytes = 2 * batch * 64 * 4  # the global batch's pooled vectors
+    assert_close(handled.fwd_compute - base.fwd_compute, np.array([0.5 * pooled_bytes / 1e9]))
+    assert_close(handled.bwd_compute - base.bwd_compute, np.array([0.5 * pooled_bytes / 1e9]))
+    assert_close(handled.fwd_comms, base.fwd_comms)
+    # other types keep their cost: the figure is per type
+    assert_close(priced(measured, "column_wise").fwd_compute,
+                 priced(plain, "column_wise").fwd_compute)
+    dp_base, dp = priced(plain, "data_parallel"), priced(measured, "data_parallel")
+    update = 10_000 * 64 * 4 * 3 + 8 * 10_000  # weight, gradient, weight; row-wise state
+    lookup_bwd = dp_base.bwd_compute - update / kernel_bandwidth(
+        plain, "dense", np.array([64]), None, backward=True)
+    assert_close(dp.bwd_compute, lookup_bwd + update / 2e9)
+
+
+def test_ranks_sharing_a_host_add_up() -> None:
+    # per rank: fwd compute, bwd compute, fwd comms, bwd comms (seconds)
+    lopsided = np.array([[2.0, 2.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    balanced = np.array([[1.0, 1.0, 0.5, 0.5], [1.0, 1.0, 0.5, 0.5]])
+    gpus = Topology.preset("torchrec", world_size=2, local_world_size=2)
+    assert slowest_rank_time(lopsided, gpus) == 6.0
+    assert slowest_rank_time(balanced, gpus) == 3.0
+    # one rank's worth at once: the host's compute adds up, its communication is shared
+    shared = Topology.preset("cpu", world_size=2, local_world_size=2, host_parallelism=1.0)
+    assert shared.parallel_ranks == 1.0
+    assert slowest_rank_time(balanced, shared) == 4.0 + 1.0
+    assert slowest_rank_time(lopsided, shared) == 6.0  # the busy rank is slower still
+    # two hosts of one rank each: nothing shares, whatever the figure
+    apart = Topology.preset("cpu", world_size=2, local_world_size=1, host_parallelism=1.0)
+    assert apart.parallel_ranks == 1.0 and slowest_rank_time(balanced, apart) == 3.0
+    with pytest.raises(PlanError, match="host_parallelism"):
+        Topology.preset("cpu", world_size=2, host_parallelism=0.0)
+
+
+def test_plan_rating_sees_ranks_sharing_cores() -> None:
+    tables = [TableSpec(f"t{i}", 20_000, 64, pooling_factor=4.0) for i in range(4)]
+    for parallel, cheaper_when_spread in ((None, True), (1.0, False)):
+        topo = Topology.preset("cpu", 2, 2, host_parallelism=parallel)
+        spread = EmbeddingShardingPlanner(topo, 1024, ("table_wise",)).plan(tables)
+        pinned = [dataclasses.replace(t, constraints=TableConstraints(ranks=(0,)))
+                  for t in tables]
+        one_rank = EmbeddingShardingPlanner(topo, 1024, ("table_wise",)).plan(pinned)
+        rated = rate_plan(one_rank.plan, tables, topo, 1024)
+        assert rated.step_time == pytest.approx(one_rank.step_time)
+        assert (spread.step_time < 0.75 * one_rank.step_time) == cheaper_when_spread
+        assert one_rank.plan.metadata["estimated_step_seconds"] == pytest.approx(
+            one_rank.step_time)

@@ -28,8 +28,10 @@ def scenarios(draw: st.DrawFn) -> tuple[list[TableSpec], Topology, int]:
     world = hosts * local
     device = draw(st.sampled_from(["cpu", "torchrec"]))
     memory_gib = draw(st.floats(0.05, 4.0))
+    # a CPU host whose ranks share cores (calibrated) or do not (the preset)
+    parallel = draw(st.sampled_from([None, 0.7, 1.5])) if device == "cpu" else None
     topo = Topology.preset(device, world, local, hbm_bytes=memory_gib * GIB,
-                           ddr_bytes=4 * memory_gib * GIB)
+                           ddr_bytes=4 * memory_gib * GIB, host_parallelism=parallel)
     tables = []
     for i in range(draw(st.integers(1, 12))):
         dim = draw(st.sampled_from([8, 16, 32, 64, 128, 256]))
