@@ -91,6 +91,34 @@ static float dense_value(double value, char transform, double low, double high) 
     return (float)value;
 }
 
+/* Eight hex digits at p, all at once (SWAR): 1 and the value, or 0 if one is not a digit.
+ * Byte i of the little-endian word is character i; within the value it is nibble 7 - i. */
+static inline int hex8(const char *p, uint64_t *out) {
+    const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+    uint64_t x;
+    memcpy(&x, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    x = __builtin_bswap64(x);
+#endif
+    if (x & high) return 0;
+    /* Per byte (each < 0x80): high bit set where byte >= lo, and where byte <= hi. */
+#define GE(v, lo) ((((v) | high) - (lo) * ones) & high)
+#define LE(v, hi) ((((hi) * ones | high) - (v)) & high)
+    uint64_t lower = x | 0x2020202020202020ULL;
+    uint64_t digit = GE(x, 0x30) & LE(x, 0x39);
+    uint64_t letter = GE(lower, 0x61) & LE(lower, 0x66);
+#undef GE
+#undef LE
+    if ((digit | letter) != high) return 0;
+    /* Nibble per byte: low four bits, plus 9 for letters (bit 6 set). */
+    uint64_t v = (x & 0x0F0F0F0F0F0F0F0FULL) + 9 * ((x >> 6) & ones);
+    /* Pack: byte pairs, then 16-bit pairs, then the two halves, first character highest. */
+    v = ((v & 0x000F000F000F000FULL) << 4) | ((v & 0x0F000F000F000F00ULL) >> 8);
+    v = ((v & 0x000000FF000000FFULL) << 8) | ((v & 0x00FF000000FF0000ULL) >> 16);
+    *out = ((v & 0xFFFF) << 16) | ((v >> 32) & 0xFFFF);
+    return 1;
+}
+
 /* Digits of a decimal integer at *pp (at most 19, so no overflow), with an optional '-'.
  * Returns 0 for an empty field, 1 for a number in int64 range, -1 for anything else. */
 static int scan_int(const char **pp, const char *end, int64_t *out) {
@@ -154,7 +182,10 @@ static int parse_line(const char *p, const char *end, char sep, const Columns *c
         case 'H': {
             uint64_t key = 0;
             int64_t id = 0;
-            if (more) {
+            if (more && end - p >= 8 && (end - p == 8 || p[8] == sep) && hex8(p, &key)) {
+                p += 8; /* the common case: exactly eight digits, as in Criteo */
+                id = (int64_t)mod_u64(key, (uint64_t)cols->sizes[c], cols->magics[c]);
+            } else if (more) {
                 const char *start = p;
                 while (p < end) {
                     int digit = hex[(unsigned char)*p];

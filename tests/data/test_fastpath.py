@@ -212,3 +212,29 @@ def test_large_split_summary_matches_the_written_data(tmp_path: Path,
     for feature in ma["sparse"]:
         exact = written[feature["name"]].n_unique()
         assert feature["cardinality"] == pytest.approx(exact, rel=0.03), feature["name"]
+
+
+@needs_native
+def test_hex_keys_of_every_length_and_case_match_python() -> None:
+    """The parser's eight-digits-at-once path and its digit loop, against int(text, 16)."""
+    import random
+
+    rng = random.Random(0)
+    digits, junk = "0123456789abcdefABCDEF", "gG/:@`x \x7f"
+    size = 2**40 + 7  # above 32 bits: the plain modulo, so the id is the key itself
+    assert fastpath._fastparse is not None
+    for _ in range(3000):
+        text = "".join(rng.choice(digits) for _ in range(rng.choice([1, 7, 8, 8, 8, 9, 16, 17])))
+        if rng.random() < 0.2:
+            at = rng.randrange(len(text))
+            text = text[:at] + rng.choice(junk) + text[at + 1:]
+        label, sparse = np.empty(2, np.int8), np.empty((1, 2), np.int64)
+        rows, bad = fastpath._fastparse.parse_block(
+            f"1\t{text}\n".encode(), 9, b"LH", np.array([0, size], np.int64), np.zeros(2),
+            b"nn", np.zeros(2), np.zeros(2), 2, label, np.empty((0, 2), np.float32), sparse,
+            np.empty(2, np.uint64))
+        valid = len(text) <= 16 and all(c in digits for c in text)
+        if valid:
+            assert (rows, bad) == (1, -1) and sparse[0, 0] == int(text, 16) % size, text
+        else:
+            assert (rows, bad) == (0, 0), text
