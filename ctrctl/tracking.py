@@ -140,6 +140,16 @@ class MlflowTracker(Tracker):
 
         return MlflowClient(tracking_uri=self.tracking_uri)
 
+    def _artifact_location(self) -> str | None:
+        """Beside an explicit sqlite store (``<its folder>/mlruns/<experiment>``), so the store
+        and its artifacts travel together; MLflow's default (./mlruns) otherwise."""
+        uri = self.tracking_uri or ""
+        if not uri.startswith("sqlite:///"):
+            return None
+        database = Path(uri.removeprefix("sqlite:///")).resolve()
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in self.experiment)
+        return (database.parent / "mlruns" / safe).as_uri()
+
     @contextlib.contextmanager
     def run(self, name: str, tags: Mapping[str, str] | None = None) -> Iterator[Run]:
         client = self._client()
@@ -147,7 +157,8 @@ class MlflowTracker(Tracker):
         experiment_id = (
             experiment.experiment_id
             if experiment is not None
-            else client.create_experiment(self.experiment)
+            else client.create_experiment(self.experiment,
+                                          artifact_location=self._artifact_location())
         )
         run_tags = {"mlflow.runName": name, "ctrctl.step": name, **(tags or {})}
         parent = os.environ.get(PARENT_RUN_ENV)
