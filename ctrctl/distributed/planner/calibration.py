@@ -1,7 +1,7 @@
 """Measure this machine for the cost model: kernel speed per dim, memory and link bandwidth.
 
 TorchRec's planner uses fixed constants; ``ctrctl plan --calibrate`` replaces them with
-short microbenchmarks here (well under a minute) and writes ``topology.json``:
+short microbenchmarks here (under a minute) and writes ``topology.json``:
 
 * **embedding kernels**: FBGEMM's training TBE (``SplitTableBatchedEmbeddingBagsCodegen``,
   CPU, exact row-wise Adagrad fused into backward) forward and backward+update, per
@@ -10,13 +10,16 @@ short microbenchmarks here (well under a minute) and writes ``topology.json``:
   the measured seconds, so the model reproduces the measurement. Without
   fbgemm_gpu, ``torch.nn.EmbeddingBag`` with a sparse update stands in.
 * **memory bandwidth**: a large tensor copy.
-* **sharding types**: the fixed cost per step of each sharding type, and its cost per table
-  (collectives' latency, the input/output distribution's own work), from the sharded module
-  itself on 2 and on 6 tiny tables.
 * **collectives**: ``all_to_all_single``, ``reduce_scatter_tensor``,
-  ``all_gather_into_tensor`` and ``all_reduce`` between two local processes over gloo; a
-  small message gives the fixed latency, a large one the bandwidth (in the cost model's own
-  convention for each collective).
+  ``all_gather_into_tensor`` and ``all_reduce`` between two local processes over gloo at
+  64 KiB to 8 MiB; a line through the times gives each one's fixed latency and bandwidth
+  (in the cost model's own convention for each collective).
+* **sharding types**, from the sharded module itself on two ranks: the fixed cost per step
+  of each type and its cost per table (collectives' latency, the input/output
+  distribution's own work) on 2 and on 6 tiny tables; its handling of pooled vectors (a
+  data-parallel replica's dense update) on mid-sized tables; how much of the two ranks'
+  work overlaps (``host_parallelism``), from those tables spread over both ranks and all on
+  one (see :func:`measure_sharding_types`).
 
 Each process uses one thread, as each rank of a CPU run does.
 
@@ -255,54 +258,6 @@ def measure_collectives(sizes: tuple[int, ...] = COLLECTIVE_SIZES, repeats: int 
     return bandwidth, statistics.median(latencies)
 
 
-def _host_parallelism_body(rank: int, world_size: int, repeats: int, tries: int
-                           ) -> tuple[list[float], list[float]]:
-    """Run in each process: seconds of each try of a short kernel loop on rank 0 alone
-    (others wait), and on every rank at once (both lists are empty on ranks that idled)."""
-    import torch
-    import torch.distributed as dist
-
-    forward, step, batch = _tbe_lookup(64, 100_000, 1024, 4)
-    grad = torch.ones(batch, 64)
-
-    def loop() -> float:
-        start = time.perf_counter()
-        for _ in range(repeats):
-            forward().backward(grad)
-            step()
-        return time.perf_counter() - start
-
-    loop()  # warm-up
-    alone, together = [], []
-    for _ in range(tries):
-        dist.barrier()
-        if rank == 0:
-            alone.append(loop())
-        dist.barrier()
-        together.append(loop())
-    return alone, together
-
-
-def measure_host_parallelism(repeats: int = 20, tries: int = 25) -> float:
-    """Ranks' worth of kernel work this host does at once with every rank busy: with ``n``
-    local processes (one per core, at most 8), ``n`` times the time of one process alone
-    over the time of each when all run. 1.0 means the ranks run no faster together than
-    one alone (two vCPUs that share a core, or a machine busy with other work), ``n`` that
-    they do not slow each other."""
-    from ctrctl.testing.multiprocess import run_multiprocess
-
-    n = max(2, min(os.cpu_count() or 2, 8))
-    results = run_multiprocess(_host_parallelism_body, world_size=n,
-                               args=(repeats, tries), timeout_s=120)
-    # Each try pairs a run alone with a run of all ranks (a try lasts as long as its
-    # slowest rank) moments later; the median over tries ignores the ones that other work
-    # on the machine disturbed.
-    ratios = [n * results[0][0][t] / max(r[1][t] for r in results) for t in range(tries)]
-    parallel = min(max(statistics.median(ratios), 0.5), float(n))
-    logger.info("host: %d ranks do %.2f ranks' worth of kernel work at once", n, parallel)
-    return parallel
-
-
 @dataclass
 class ShardingFigures:
     """What the sharded module costs per sharding type, beyond kernels and collectives.
@@ -312,12 +267,17 @@ class ShardingFigures:
         overhead_per_table_s: further seconds per step per table of each type.
         pooled_output_bw: bytes/s of each type's handling of pooled vectors (routed types).
         dense_update_bw: bytes/s of a data-parallel replica's dense backward and update.
+        host_parallelism: ranks' worth of work the two ranks do at once (None: both).
+        group_assembly_bw: bytes/s of putting several sharding groups' outputs together
+            (the routed types' handling rate: the same copies of the same vectors).
     """
 
     overhead_s: dict[str, float]
     overhead_per_table_s: dict[str, float]
     pooled_output_bw: dict[str, float]
     dense_update_bw: float | None
+    host_parallelism: float | None
+    group_assembly_bw: float | None
 
 
 def _tiny_tables(n: int) -> list[Any]:
@@ -363,14 +323,20 @@ ROUTED_TYPES = ("table_wise", "column_wise", "table_column_wise")
 
 def measure_sharding_types(topology: Topology, steps: int = 10, rounds: int = 2,
                            bulk_batch: int = 1024) -> ShardingFigures:
-    """Each sharding type's own costs, from the sharded module on two ranks.
+    """Each sharding type's own costs, and how much the two ranks' work overlaps, from the
+    sharded module on two ranks.
 
     * fixed and per-table seconds: runs on 2 and on 6 tiny tables (tiny batch), whose time
       is all latency, bucketing, permutes and launches;
     * the handling of pooled vectors (data-parallel: the dense update): a run on a few
       mid-sized tables at ``bulk_batch`` samples per rank; the figure is the one with which
       ``topology``'s cost model reproduces the measured step (row-wise types reduce-scatter
-      their partial sums with few copies; the routed types copy theirs several times).
+      their partial sums with few copies; the routed types copy theirs several times);
+    * the host's parallelism: the same tables table-wise, once spread over both ranks and
+      once all on rank 0. Where the ranks share cores the spread plan is hardly faster; the
+      figure is the one with which the model reproduces both runs.
+
+    Every per-byte figure is at most the measured memory bandwidth (no copy is faster).
 
     Types that share a code path (:data:`ROUTED_TYPES`) share the median of their figures:
     one run of each is three measurements of one thing.
@@ -382,6 +348,7 @@ def measure_sharding_types(topology: Topology, steps: int = 10, rounds: int = 2,
     """
     from ctrctl.distributed.planner.measure import measure_many_body, table_payload
     from ctrctl.distributed.planner.planner import EmbeddingShardingPlanner, rate_plan
+    from ctrctl.distributed.planner.types import TableConstraints
     from ctrctl.distributed.types import ShardingType
     from ctrctl.testing.multiprocess import run_multiprocess
 
@@ -398,8 +365,12 @@ def measure_sharding_types(topology: Topology, steps: int = 10, rounds: int = 2,
         tables = _bulk_tables(replicated=kind == dp)
         plan = EmbeddingShardingPlanner(topology, bulk_batch, (kind,)).plan(tables).plan
         bulk[kind] = (tables, plan)
-        items.append((table_payload(tables), plan.to_dict(), bulk_batch,
-                      max(steps // 2, 3) if kind == dp else steps))
+        items.append((table_payload(tables), plan.to_dict(), bulk_batch, steps))
+    table_wise = ShardingType.TABLE_WISE.value
+    pinned = [dataclasses.replace(t, constraints=TableConstraints(ranks=(0,)))
+              for t in bulk[table_wise][0]]
+    one_rank = EmbeddingShardingPlanner(topology, bulk_batch, (table_wise,)).plan(pinned).plan
+    items.append((table_payload(pinned), one_rank.to_dict(), bulk_batch, steps))
     runs = run_multiprocess(measure_many_body, 2, args=(items * rounds,), timeout_s=600)
     # The slower rank of a run; the fastest of the rounds.
     times = [min(max(rank[r * len(items) + i] for rank in runs) for r in range(rounds))
@@ -412,32 +383,69 @@ def measure_sharding_types(topology: Topology, steps: int = 10, rounds: int = 2,
     for figure in (fixed, per_table):
         shared = statistics.median(figure[k] for k in ROUTED_TYPES)
         figure.update({k: shared for k in ROUTED_TYPES})
-    seconds_per_byte = {}
-    for k, kind in enumerate(kinds):
-        measured = times[3 * k + 2]
-        known = dataclasses.replace(topology, sharding_overhead_s={kind: fixed[kind]},
-                                    sharding_overhead_per_table_s={kind: per_table[kind]})
+    measured = {kind: times[3 * k + 2] for k, kind in enumerate(kinds)}
+    known = dataclasses.replace(topology, sharding_overhead_s=fixed,
+                                sharding_overhead_per_table_s=per_table)
+
+    def handling(kind: str, topo: Topology) -> float:
+        """Seconds per byte with which the model reproduces ``kind``'s run on ``topo``."""
         tables, plan = bulk[kind]
 
-        def estimate(per_byte: float, kind: str = kind, known: Topology = known,
-                     tables: list[Any] = tables, plan: Any = plan) -> float:
+        def estimate(per_byte: float) -> float:
             bw = 1.0 / per_byte if per_byte > 0 else 1e30  # 1e30: free
             if kind == dp:
-                topo = dataclasses.replace(known, dense_update_bw=bw)
+                priced = dataclasses.replace(topo, dense_update_bw=bw)
             else:
-                topo = dataclasses.replace(known, pooled_output_bw={kind: bw})
-            return rate_plan(plan, tables, topo, bulk_batch).step_time
+                priced = dataclasses.replace(topo, pooled_output_bw={kind: bw})
+            return rate_plan(plan, tables, priced, bulk_batch).step_time
 
-        seconds_per_byte[kind] = _solve_increasing(estimate, measured)
-        logger.info("%s: %.3f ms fixed + %.3f ms per table; bulk run %.2f ms, %.2f ms modeled "
-                    "without the handling (%.2f GB/s)", kind, fixed[kind] * 1e3,
-                    per_table[kind] * 1e3, measured * 1e3, estimate(0.0) * 1e3,
-                    1e-9 / max(seconds_per_byte[kind], 1e-30))
-    routed = statistics.median(seconds_per_byte[k] for k in ROUTED_TYPES)
-    seconds_per_byte.update({k: routed for k in ROUTED_TYPES})
-    pooled_bw = {kind: 1.0 / v for kind, v in seconds_per_byte.items() if kind != dp and v > 0}
-    dense_bw = 1.0 / seconds_per_byte[dp] if seconds_per_byte[dp] > 0 else None
-    return ShardingFigures(fixed, per_table, pooled_bw, dense_bw)
+        return _solve_increasing(estimate, measured[kind])
+
+    def routed(topo: Topology) -> Topology:
+        per_byte = statistics.median(handling(k, topo) for k in ROUTED_TYPES)
+        bw = 1.0 / per_byte if per_byte > 0 else 1e30
+        return dataclasses.replace(topo, pooled_output_bw={k: bw for k in ROUTED_TYPES})
+
+    def one_rank_estimate(parallel: float) -> float:
+        topo = routed(dataclasses.replace(known, host_parallelism=parallel))
+        return rate_plan(one_rank, pinned, topo, bulk_batch).step_time
+
+    # More parallelism makes the spread runs cheaper, so the fitted handling dearer, so the
+    # one-rank run's estimate longer: the estimate rises with the figure.
+    low, high = 0.5, 2.0
+    one_rank_time = times[-1]
+    if one_rank_estimate(high) <= one_rank_time:
+        parallel = None  # no sign of ranks slowing each other
+    elif one_rank_estimate(low) >= one_rank_time:
+        parallel = low
+    else:
+        for _ in range(20):
+            mid = 0.5 * (low + high)
+            low, high = (mid, high) if one_rank_estimate(mid) < one_rank_time else (low, mid)
+        parallel = 0.5 * (low + high)
+    logger.info("host: 2 ranks do %s ranks' worth of work at once (tables spread %.2f ms, on "
+                "one rank %.2f ms)", "2" if parallel is None else f"{parallel:.2f}",
+                measured[table_wise] * 1e3, one_rank_time * 1e3)
+    known = routed(dataclasses.replace(known, host_parallelism=parallel))
+    # No handling is faster than a plain copy: the measured memory bandwidth bounds them all.
+    fastest = topology.ddr_bw
+    pooled_bw = {k: min(v, fastest) for k, v in known.pooled_output_bw.items()}
+    for kind in kinds:
+        if kind not in ROUTED_TYPES:
+            per_byte = handling(kind, dataclasses.replace(known, pooled_output_bw=pooled_bw))
+            bw = min(1.0 / per_byte, fastest) if per_byte > 0 else fastest
+            if kind == dp:
+                known = dataclasses.replace(known, dense_update_bw=bw)
+            else:
+                pooled_bw[kind] = bw
+        logger.info("%s: %.3f ms fixed + %.3f ms per table; run on mid-sized tables %.2f ms",
+                    kind, fixed[kind] * 1e3, per_table[kind] * 1e3, measured[kind] * 1e3)
+    # Putting several groups' outputs together (a permute of the input per group, then a
+    # concatenation and a column reorder, and their gradients) copies the same vectors as
+    # the routed types' own handling of them, at about its rate.
+    return ShardingFigures(fixed, per_table, pooled_bw, known.dense_update_bw, parallel,
+                           pooled_bw[table_wise])
+
 
 
 def _memory_total() -> float:
@@ -479,15 +487,13 @@ def calibrate(path: str | Path | None = None, overwrite: bool = False,
         torch.set_num_threads(threads)
     collective_bw, latency = measure_collectives(
         COLLECTIVE_SIZES[:-1] if quick else COLLECTIVE_SIZES, repeats=3 if quick else 5)
-    parallel = measure_host_parallelism(tries=15 if quick else 25)
     topology = Topology.preset(
         "cpu", world_size=2, local_world_size=2, ddr_bytes=_memory_total() / 2,
         ddr_bw=memory_bw,
         intra_host_bw=collective_bw["all_to_all"], kernel_fwd_bw=kernels.fwd_bw,
         kernel_bwd_bw=kernels.bwd_bw, kernel_fwd_bw_cached=kernels.fwd_bw_cached,
         kernel_bwd_bw_cached=kernels.bwd_bw_cached, kernel_table_bytes=kernels.table_bytes,
-        collective_bw=collective_bw, collective_latency_s=latency,
-        host_parallelism=parallel)
+        collective_bw=collective_bw, collective_latency_s=latency)
     try:
         figures = measure_sharding_types(topology, steps=5 if quick else 10,
                                          rounds=2 if quick else 3)
@@ -495,7 +501,8 @@ def calibrate(path: str | Path | None = None, overwrite: bool = False,
             topology, sharding_overhead_s=figures.overhead_s,
             sharding_overhead_per_table_s=figures.overhead_per_table_s,
             pooled_output_bw=figures.pooled_output_bw,
-            dense_update_bw=figures.dense_update_bw)
+            dense_update_bw=figures.dense_update_bw, host_parallelism=figures.host_parallelism,
+            group_assembly_bw=figures.group_assembly_bw)
     except ImportError as exc:  # the sharded module is not available: latency model only
         logger.warning("sharding types not measured (%s)", exc)
     seconds = time.perf_counter() - start

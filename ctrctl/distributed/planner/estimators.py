@@ -267,14 +267,21 @@ def price(option: ShardingOption, topology: Topology, batch_size: int) -> Shardi
         topology: the ranks it runs on.
         batch_size: samples per rank per step.
     """
+    option.pooled_bytes = _pooled_bytes(option, batch_size)
     _apply_kernel(option, _terms(option, topology, batch_size), topology)
     return option
+
+
+def _pooled_bytes(option: ShardingOption, batch_size: int) -> float:
+    return float(batch_size * option.table.embedding_dim * option.table.element_bytes)
 
 
 def price_kernels(options: list[ShardingOption], topology: Topology, batch_size: int
                   ) -> list[ShardingOption]:
     """Price options that share one geometry and differ only in kernel (one pass over the
     geometry); the first (fastest) kernel now, the others when first used."""
+    for option in options:
+        option.pooled_bytes = _pooled_bytes(option, batch_size)
     if options:
         terms = _terms(options[0], topology, batch_size)
         _apply_kernel(options[0], terms, topology)
@@ -285,16 +292,19 @@ def price_kernels(options: list[ShardingOption], topology: Topology, batch_size:
 
 
 def step_overhead(tables_by_type: Mapping[str, int] | Iterable[str],
-                  topology: Topology) -> float:
+                  topology: Topology, pooled_bytes: float = 0.0) -> float:
     """Fixed per-step time of the sharding types a plan uses (the same on every rank).
 
     Tables of one sharding type share their collectives, so each type in use adds its own
     calls: input ids and outputs forward, gradients backward. A calibrated topology carries
     each type's measured fixed cost and its cost per table (the per-table work of the input
-    and output distribution) instead.
+    and output distribution) instead, and what a plan of several types pays to split the
+    input between their groups and put their outputs back together (``pooled_bytes`` of
+    output per rank over ``group_assembly_bw``).
 
     Args:
         tables_by_type: sharding type -> number of tables, or the types (one per table).
+        pooled_bytes: bytes of every table's pooled vectors per rank (batch x dims).
     """
     if topology.world_size == 1:
         return 0.0
@@ -308,6 +318,8 @@ def step_overhead(tables_by_type: Mapping[str, int] | Iterable[str],
             continue
         total += measured.get(kind, topology.collective_latency_s * calls.get(kind, 3))
         total += per_table.get(kind, 0.0) * n
+    if topology.group_assembly_bw and sum(1 for n in counts.values() if n > 0) > 1:
+        total += pooled_bytes / topology.group_assembly_bw
     return total
 
 

@@ -108,7 +108,8 @@ def _score(placements: list[Placement], topology: Topology) -> float:
     else:
         slowest = slowest_rank_time(_rank_arrays(placements, topology.world_size)[0], topology)
     types = [p.option.sharding_type for p in placements]
-    return slowest + step_overhead(types, topology)
+    return slowest + step_overhead(types, topology, sum(p.option.pooled_bytes
+                                                        for p in placements))
 
 
 def build_result(placements: list[Placement], topology: Topology, batch_size: int,
@@ -116,7 +117,8 @@ def build_result(placements: list[Placement], topology: Topology, batch_size: in
     """Turn placements into a :class:`PlanResult` with its :class:`ShardingPlan`."""
     world = topology.world_size
     cost, hbm, ddr = _rank_arrays(placements, world)
-    overhead = step_overhead([p.option.sharding_type for p in placements], topology)
+    overhead = step_overhead([p.option.sharding_type for p in placements], topology,
+                             sum(p.option.pooled_bytes for p in placements))
     tables: dict[str, ParameterSharding] = {}
     for p in placements:
         o = p.option

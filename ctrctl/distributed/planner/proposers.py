@@ -51,7 +51,8 @@ class Failure:
 
 
 def _candidates(options: list[ShardingOption], state: RankState, world: float,
-                remaining: float, current_max: float, types: Counter[str]
+                remaining: float, current_max: float, types: Counter[str],
+                pooled_bytes: float = 0.0
                 ) -> tuple[tuple[float, float, float], Placement] | None:
     """The best placement over ``options`` by the bound, or None when none fits.
 
@@ -74,11 +75,17 @@ def _candidates(options: list[ShardingOption], state: RankState, world: float,
         touched = _touched_max(state, placement)
         bound = max(current_max, touched,
                     (state.total + option.total_cost + remaining) / world
-                    ) + step_overhead(types + Counter({option.sharding_type: 1}), topology)
+                    ) + step_overhead(types + Counter({option.sharding_type: 1}), topology,
+                                      pooled_bytes)
         score = (bound, option.total_cost, touched)
         if best is None or score < best[0]:
             best = (score, placement)
     return best
+
+
+def _pooled_bytes(options: list[list[ShardingOption]]) -> float:
+    """Bytes of all tables' pooled vectors per rank (the same for every option of a table)."""
+    return sum(opts[0].pooled_bytes for opts in options if opts)
 
 
 def _touched_max(state: RankState, placement: Placement) -> float:
@@ -119,9 +126,11 @@ class GreedyProposer(Proposer):
         placements: list[Placement | None] = [None] * len(options)
         current_max = 0.0
         types: Counter[str] = Counter()
+        pooled = _pooled_bytes(options)
         for index in order:
             remaining -= cheapest[index]
-            best = _candidates(options[index], state, world, remaining, current_max, types)
+            best = _candidates(options[index], state, world, remaining, current_max, types,
+                               pooled)
             if best is None:
                 self.failure = Failure(index, state)
                 return None
@@ -209,11 +218,12 @@ def improve(placements: list[Placement], options: list[list[ShardingOption]],
         index_add(i)
 
     type_counts = Counter(p.option.sharding_type for p in placements)
+    pooled = _pooled_bytes(options)
     for _ in range(rounds):
         slowest = int(np.argmax(state.load))
         top = float(state.load[slowest])
         limit = top * (1 - _EPS) - 1e-15
-        overhead = step_overhead(type_counts, topology)
+        overhead = step_overhead(type_counts, topology, pooled)
         objective = top + overhead
         tables = sorted(by_rank.get(slowest, set()) | {i for i in spread
                                                         if slowest in placements[i].ranks},
@@ -241,7 +251,7 @@ def improve(placements: list[Placement], options: list[list[ShardingOption]],
                 np.add.at(after, placement.ranks, option.cost)
                 touched = float(after[placement.ranks].max())
                 new_overhead = step_overhead(others + Counter({option.sharding_type: 1}),
-                                             topology)
+                                             topology, pooled)
                 if new_overhead > overhead:
                     # A new sharding type adds collectives: only worth it if the step gets
                     # faster as a whole.

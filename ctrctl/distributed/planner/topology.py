@@ -62,10 +62,12 @@ class Topology:
         cache_load_factor: default share of rows a cached table keeps on the device.
         bwd_compute_factor: backward lookup+update time over forward (TorchRec: 2).
         collective_latency_s: fixed time of one collective call.
-        host_parallelism: how many ranks' worth of kernel work a host does at once when all
-            its ranks compute (None: each rank runs at full speed whatever the others do, as
-            separate GPUs). On a CPU host ranks share cores (and their SMT siblings): two
-            ranks on two vCPUs that run no faster together than one alone measure 1.0.
+        host_parallelism: how many ranks' worth of compute a host does at once when all
+            its ranks work (None: each rank runs at full speed whatever the others do, as
+            separate GPUs). On a CPU host ranks share cores (and their SMT siblings, and
+            the machine with other work): two ranks that run no faster together than one
+            alone measure 1.0. Calibration measures it with two ranks, so a host of more
+            ranks gets at most what two showed.
         kernel_fwd_bw, kernel_bwd_bw: measured effective bandwidths of the embedding kernel
             by embedding dim (``{"64": bytes/s}``) on tables of ``kernel_table_bytes[1]``;
             when set they replace ``hbm_bw`` (or ``ddr_bw`` on cpu) and
@@ -88,6 +90,11 @@ class Topology:
         dense_update_bw: measured bytes/s of a data-parallel replica's dense backward and
             update (the bytes the cost model counts: weight, gradient and optimizer state),
             as the sharded module runs it (None: the kernel's backward bandwidth, halved).
+        group_assembly_bw: bytes/s (of one rank's pooled output) at which a plan of
+            several sharding types splits the input between their groups and puts the
+            outputs back together, forward and backward (calibration: the routed types'
+            pooled-output rate, the same copies of the same vectors; None: free, as
+            TorchRec).
         calibrated: where the figures came from (empty: defaults).
     """
 
@@ -117,6 +124,7 @@ class Topology:
     sharding_overhead_per_table_s: dict[str, float] = field(default_factory=dict)
     pooled_output_bw: dict[str, float] = field(default_factory=dict)
     dense_update_bw: float | None = None
+    group_assembly_bw: float | None = None
     calibrated: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -146,6 +146,8 @@ class ShardingOption:
         cache_load_factor: for ``fused_uvm_caching``.
         fwd_compute, bwd_compute, fwd_comms, bwd_comms: seconds per step per shard, ``(k,)``.
         hbm, ddr: bytes per shard on the device and in host memory, ``(k,)``.
+        pooled_bytes: bytes of the table's pooled vectors per rank and step (batch x dim),
+            whatever the option: what assembling several sharding groups' outputs moves.
     """
 
     table: TableSpec
@@ -164,6 +166,7 @@ class ShardingOption:
     bwd_comms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     hbm: np.ndarray = field(default_factory=lambda: np.zeros(0))
     ddr: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    pooled_bytes: float = 0.0
 
     @property
     def num_shards(self) -> int:

@@ -51,7 +51,7 @@ def test_calibrate_writes_a_topology_the_planner_reads(tmp_path: Path) -> None:
                                        "all_reduce"}
     assert all(v > 0 for v in topo.collective_bw.values())
     assert topo.collective_latency_s > 0
-    assert topo.host_parallelism is not None and 0.5 <= topo.host_parallelism <= 8
+    assert topo.host_parallelism is None or 0.5 <= topo.host_parallelism <= 2
     assert set(topo.sharding_overhead_s) == {t.value for t in ShardingType}
     assert all(v > 0 for v in topo.pooled_output_bw.values())
     loaded = Topology.load(path, world_size=2)

@@ -24,6 +24,7 @@ from ctrctl.distributed.planner.estimators import (
     PIPELINE_DEPTH,
     kernel_bandwidth,
     slowest_rank_time,
+    step_overhead,
 )
 from ctrctl.distributed.planner.types import ShardingOption
 from ctrctl.errors import PlanError
@@ -208,3 +209,16 @@ def test_plan_rating_sees_ranks_sharing_cores() -> None:
         assert (spread.step_time < 0.75 * one_rank.step_time) == cheaper_when_spread
         assert one_rank.plan.metadata["estimated_step_seconds"] == pytest.approx(
             one_rank.step_time)
+
+
+def test_several_sharding_types_pay_for_putting_outputs_together() -> None:
+    topo = Topology.preset("cpu", 2, 2, sharding_overhead_s={"table_wise": 1e-3,
+                                                             "data_parallel": 2e-4},
+                           group_assembly_bw=1e9)
+    one = step_overhead({"table_wise": 3}, topo, pooled_bytes=4e6)
+    two = step_overhead({"table_wise": 2, "data_parallel": 1}, topo, pooled_bytes=4e6)
+    assert one == pytest.approx(1e-3)
+    assert two == pytest.approx(1e-3 + 2e-4 + 4e6 / 1e9)
+    tables = [TableSpec(f"t{i}", 1_000, 64) for i in range(3)]
+    result = EmbeddingShardingPlanner(topo, 256).plan(tables)
+    assert all(p.option.pooled_bytes == 256 * 64 * 4 for p in result.placements)
