@@ -6,6 +6,12 @@ fused update, and the data-parallel gradient all-reduce) on two local processes,
 the measured step time with the plan's estimate from a calibrated topology: the ranking of
 the plans should agree, and each estimate should be within 30% of its measurement.
 
+All plans run in one pair of processes, several rounds in turn; a plan's measurement is the
+fastest round, and the spread of its rounds says how much other work on the machine moved
+it. Two plans can be the same (the planner's plan is often one of the forced ones); their
+estimates then tie, and the rank correlation counts ties as such. The JSON output holds
+every round and the calibrated topology.
+
     .venv/bin/python scripts/check_plan_estimates.py                     # calibrates first
     .venv/bin/python scripts/check_plan_estimates.py --topology topology.json --quick
 """
@@ -26,7 +32,7 @@ from ctrctl.distributed.planner import (
     Topology,
     rate_plan,
 )
-from ctrctl.distributed.planner.measure import measure_step_body, table_payload
+from ctrctl.distributed.planner.measure import table_payload
 from ctrctl.distributed.types import ShardingPlan
 
 #: The planner's plan, one plan per forced type, and every table on rank 0 ("lopsided").
@@ -41,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer steps, smaller tables")
     parser.add_argument("--batch-size", type=int, default=None, help="per rank")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per plan")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="measurements of each plan, in turn (default 2 quick, 3 full)")
     parser.add_argument("--out", type=Path, default=Path("bench-out/plan_estimates.json"))
     return parser.parse_args(argv)
 
@@ -74,43 +82,76 @@ def make_plans(tables: list[TableSpec], topology: Topology, batch: int
     return plans
 
 
-def spearman(a: list[float], b: list[float]) -> float:
-    """Rank correlation of two lists (no ties expected)."""
-    def ranks(values: list[float]) -> list[int]:
-        order = sorted(range(len(values)), key=lambda i: values[i])
-        out = [0] * len(values)
-        for r, i in enumerate(order):
-            out[i] = r
-        return out
+def _ranks(values: list[float]) -> list[float]:
+    """Rank of each value (0 = smallest); tied values share their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for k in range(start, end + 1):
+            out[order[k]] = (start + end) / 2
+        start = end + 1
+    return out
 
-    ra, rb = ranks(a), ranks(b)
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Rank correlation of two lists: the correlation of their ranks (ties share a rank,
+    so two identical plans with one estimate do not count as out of order)."""
+    ra, rb = _ranks(a), _ranks(b)
     n = len(a)
-    d2 = sum((x - y) ** 2 for x, y in zip(ra, rb, strict=True))
-    return 1 - 6 * d2 / (n * (n * n - 1)) if n > 1 else 1.0
+    if n < 2:
+        return 1.0
+    ma, mb = sum(ra) / n, sum(rb) / n
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    va = sum((x - ma) ** 2 for x in ra)
+    vb = sum((y - mb) ** 2 for y in rb)
+    return cov / (va * vb) ** 0.5 if va > 0 and vb > 0 else 1.0
 
 
 def check(topology: Topology, quick: bool = False, batch: int | None = None,
-          steps: int | None = None) -> dict[str, Any]:
-    """Measure every plan; return rows (estimate, measured, error) and the rank agreement."""
+          steps: int | None = None, rounds: int | None = None) -> dict[str, Any]:
+    """Measure every plan; return rows (estimate, measured, error) and the rank agreement.
+
+    All plans run in one pair of processes, ``rounds`` times in turn; a plan's measurement
+    is its fastest round (other work on a shared machine only ever adds time), and
+    ``spread`` (slowest round over fastest) says how much the machine disturbed it.
+    """
+    from ctrctl.distributed.planner.measure import measure_many_body
     from ctrctl.testing.multiprocess import run_multiprocess
 
     batch = batch or (1024 if quick else 2048)
     steps = steps or (8 if quick else 20)
+    rounds = rounds or (2 if quick else 3)
     tables = check_tables(quick)
     topology = topology.with_world(2, 2)
     payload = table_payload(tables)
+    plans = make_plans(tables, topology, batch)
+    items = [(payload, plan.to_dict(), batch, steps) for plan in plans.values()]
+    runs = run_multiprocess(measure_many_body, 2, args=(items * rounds,), timeout_s=1200)
     rows = []
-    for name, plan in make_plans(tables, topology, batch).items():
+    seen: dict[str, str] = {}
+    for i, (name, plan) in enumerate(plans.items()):
+        shards = json.dumps({t: ps.to_dict() for t, ps in plan.tables.items()}, sort_keys=True)
+        same = seen.setdefault(shards, name)
         estimate = rate_plan(plan, tables, topology, batch).step_time
-        measured = max(run_multiprocess(measure_step_body, 2, args=(
-            payload, plan.to_dict(), batch, steps), timeout_s=300))
+        per_round = [max(rank[r * len(items) + i] for rank in runs) for r in range(rounds)]
+        measured = min(per_round)
         rows.append({"plan": name, "estimate_ms": estimate * 1e3, "measured_ms": measured * 1e3,
-                     "error": estimate / measured - 1})
+                     "error": estimate / measured - 1,
+                     "rounds_ms": [t * 1e3 for t in per_round],
+                     "spread": max(per_round) / measured,
+                     "same_plan_as": same if same != name else None})
+        note = f"; the {same} plan" if same != name else ""
         print(f"{name:<18} estimate {estimate * 1e3:8.2f} ms  measured {measured * 1e3:8.2f} ms"
-              f"  error {100 * (estimate / measured - 1):+6.1f}%", flush=True)
+              f"  error {100 * (estimate / measured - 1):+6.1f}%"
+              f"  (rounds spread {max(per_round) / measured:.2f}x{note})", flush=True)
     rho = spearman([r["estimate_ms"] for r in rows], [r["measured_ms"] for r in rows])
-    return {"rows": rows, "spearman": rho, "batch_per_rank": batch,
-            "max_abs_error": max(abs(r["error"]) for r in rows)}
+    return {"rows": rows, "spearman": rho, "batch_per_rank": batch, "rounds": rounds,
+            "max_abs_error": max(abs(r["error"]) for r in rows),
+            "topology": topology.to_dict()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         from ctrctl.distributed.planner.calibration import calibrate
 
         topology = calibrate(None, quick=args.quick)
-    result = check(topology, args.quick, args.batch_size, args.steps)
+    result = check(topology, args.quick, args.batch_size, args.steps, args.rounds)
     print(f"rank correlation of estimates and measurements: {result['spearman']:.3f}; "
           f"largest error {100 * result['max_abs_error']:.1f}%")
     args.out.parent.mkdir(parents=True, exist_ok=True)
