@@ -353,7 +353,45 @@ static PyObject *hll_add(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* count_lines(buffer) -> the number of '\n' bytes in it (memchr, no Python objects). */
+static PyObject *count_lines(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+    Py_ssize_t count = 0;
+    const char *p = data.buf, *end = p + data.len;
+    Py_BEGIN_ALLOW_THREADS
+    while (p < end && (p = memchr(p, '\n', (size_t)(end - p))) != NULL) {
+        count++;
+        p++;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    return PyLong_FromSsize_t(count);
+}
+
+/* last_line_end(buffer, start, stop) -> one past the last '\n' in [start, stop), or -1. */
+static PyObject *last_line_end(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    Py_ssize_t start, stop, found = -1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*nn", &data, &start, &stop)) return NULL;
+    if (start < 0) start = 0;
+    if (stop > data.len) stop = data.len;
+    const char *base = data.buf;
+    for (Py_ssize_t i = stop - 1; i >= start; i--) {
+        if (base[i] == '\n') {
+            found = i + 1;
+            break;
+        }
+    }
+    PyBuffer_Release(&data);
+    return PyLong_FromSsize_t(found);
+}
+
 static PyMethodDef methods[] = {
+    {"last_line_end", last_line_end, METH_VARARGS, "One past the last newline in a range."},
+    {"count_lines", count_lines, METH_VARARGS, "Count the newline bytes of a buffer."},
     {"hll_add", hll_add, METH_VARARGS, "Add int64 ids to a HyperLogLog sketch; see the source."},
     {"parse_block", parse_block, METH_VARARGS,
      "Parse whole delimited lines into label, dense and sparse columns; see the source."},

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import gc
 import gzip
 import os
 from collections import deque
@@ -127,30 +128,33 @@ def fast_layout(schema: Schema, kinds: Mapping[str, tuple[str, int | None, bool]
     )
 
 
-def _blocks(path: Path, header_lines: int, block_bytes: int) -> Iterator[bytearray]:
-    """Whole lines of ``path`` (plain or gzip) in blocks of about ``block_bytes``."""
+def _blocks(path: Path, header_lines: int, block_bytes: int) -> Iterator[np.ndarray]:
+    """Whole lines of ``path`` (plain or gzip) in uint8 blocks of about ``block_bytes``.
+
+    numpy buffers, unlike bytearrays, are not zero-filled before the read overwrites them.
+    """
     with path.open("rb") as probe:
         gzipped = probe.read(2) == b"\x1f\x8b"
     opener: Any = gzip.open if gzipped else open
     with opener(path, "rb") as handle:
         for _ in range(header_lines):
             handle.readline()
-        rest = b""
+        rest = np.empty(0, np.uint8)
         while True:
-            block = bytearray(len(rest) + block_bytes)
+            block = np.empty(len(rest) + block_bytes, np.uint8)
             block[: len(rest)] = rest
-            size = len(rest) + handle.readinto(memoryview(block)[len(rest):])
+            size = len(rest) + (handle.readinto(block[len(rest):].data) or 0)
             if size == len(rest):  # end of input
-                if rest:
-                    yield bytearray(rest)
+                if len(rest):
+                    yield rest
                 return
-            cut = block.rfind(b"\n", 0, size) + 1
-            if cut == 0:  # no line ends in this block yet: read on
-                rest = bytes(block[:size])
+            assert _fastparse is not None
+            cut = _fastparse.last_line_end(block, len(rest), size)
+            if cut < 0:  # no line ends in this block yet: read on
+                rest = block[:size]
                 continue
-            rest = bytes(block[cut:size])
-            del block[cut:]
-            yield block
+            rest = block[cut:size].copy()
+            yield block[:cut]
 
 
 @dataclass
@@ -163,13 +167,13 @@ class _Parsed:
     missing: np.ndarray
 
 
-def _parse(block: bytearray, layout: FastLayout) -> _Parsed:
-    capacity = block.count(b"\n") + 1
+def _parse(block: np.ndarray, layout: FastLayout) -> _Parsed:
+    assert _fastparse is not None
+    capacity = _fastparse.count_lines(block) + 1
     label = np.empty(capacity, np.int8)
     dense = np.empty((len(layout.dense), capacity), np.float32)
     sparse = np.empty((len(layout.sparse), capacity), np.int64)
     missing = np.empty(capacity, np.uint64)
-    assert _fastparse is not None
     rows, bad = _fastparse.parse_block(
         block, layout.sep, layout.kinds, layout.sizes, layout.fills, layout.transforms,
         layout.lows, layout.highs, capacity, label, dense, sparse, missing)
@@ -279,6 +283,8 @@ def stream_fast(
     Returns None, having removed every file it wrote, when a row is not certainly well
     formed: the caller then runs the general path over the whole input.
     """
+    collecting = gc.isenabled()
+    gc.disable()  # the cycle collector would walk every object per block, for nothing
     writes = _Writer()
     sinks = {s: _SplitSink(p, layout, row_group_size, compression, writes)
              for s, p in paths.items()}
@@ -311,6 +317,8 @@ def stream_fast(
         raise
     finally:
         writes.shutdown()
+        if collecting:
+            gc.enable()
     return counts if ok else None
 
 
@@ -349,10 +357,11 @@ class SplitSummary:
             return
         self.rows += piece.rows
         values = piece.dense.astype(np.float64)
-        self.sum += values.sum(axis=1)
-        self.sumsq += np.einsum("ij,ij->i", values, values)
         np.minimum(self.min, values.min(axis=1), out=self.min)
         np.maximum(self.max, values.max(axis=1), out=self.max)
+        self.sum += values.sum(axis=1)
+        # Squares in place, no BLAS (whose idle threads spin and burn the other core).
+        self.sumsq += np.multiply(values, values, out=values).sum(axis=1)
         assert _fastparse is not None
         for j in range(len(self.sparse)):
             _fastparse.hll_add(self.registers[j], piece.sparse[j], HLL_BITS)
