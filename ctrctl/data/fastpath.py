@@ -49,6 +49,10 @@ THREADS = 2
 LOOKAHEAD = 8
 #: Row groups waiting for the writer thread at most.
 WRITES_AHEAD = 2
+#: The counts entry holding a split's :class:`SplitSummary`.
+SUMMARY = "__summary"
+#: Registers of the cardinality sketch: 2**14, a standard error of about 0.8%.
+HLL_BITS = 14
 #: Environment variable that selects the engine: ``auto`` (default) or ``polars``.
 ENGINE_ENV = "CTRCTL_PREPROCESS_ENGINE"
 
@@ -327,12 +331,6 @@ def _discard(sink: _SplitSink) -> None:
     if sink.writer is not None:
         sink.writer.close()
     sink.path.unlink(missing_ok=True)
-
-
-#: The counts entry holding a split's :class:`SplitSummary`.
-SUMMARY = "__summary"
-#: Registers of the cardinality sketch: 2**14, a standard error of about 0.8%.
-HLL_BITS = 14
 
 
 class SplitSummary:
