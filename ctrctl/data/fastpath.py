@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ctrctl.data.readers import SPLIT_NAMES, is_gzip
 from ctrctl.data.schema import Schema
 from ctrctl.data.transforms import BAD_REASONS, random_unit_numpy
 from ctrctl.progress import Progress
@@ -137,9 +138,7 @@ def _blocks(path: Path, header_lines: int, block_bytes: int) -> Iterator[np.ndar
 
     numpy buffers, unlike bytearrays, are not zero-filled before the read overwrites them.
     """
-    with path.open("rb") as probe:
-        gzipped = probe.read(2) == b"\x1f\x8b"
-    opener: Any = gzip.open if gzipped else open
+    opener: Any = gzip.open if is_gzip(path) else open
     with opener(path, "rb") as handle:
         for _ in range(header_lines):
             handle.readline()
@@ -266,9 +265,6 @@ def _assign(rule: SplitRule, start: int, rows: int) -> np.ndarray | str:
     (train, val), stream, seed = rule[1], rule[2], rule[3]
     u = random_unit_numpy(index, stream, seed)
     return np.where(u < train, 0, np.where(u < train + val, 1, 2)).astype(np.int8)
-
-
-_SPLITS = ("train", "val", "test")
 
 
 def stream_fast(
@@ -414,7 +410,7 @@ def _take(parsed: _Parsed, rule: SplitRule, start: int, sinks: Mapping[str, _Spl
         _count(parsed, counts[split], sinks[split].layout)
         sinks[split].add(parsed)
         return True
-    for code, name in enumerate(_SPLITS):
+    for code, name in enumerate(SPLIT_NAMES):
         if name not in sinks:
             continue
         rows = np.flatnonzero(split == code)

@@ -94,14 +94,15 @@ def file_digest(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def _is_gzip(path: Path) -> bool:
+def is_gzip(path: Path) -> bool:
+    """Whether ``path`` starts with gzip's magic bytes (whatever its suffix)."""
     with path.open("rb") as handle:
         return handle.read(2) == b"\x1f\x8b"
 
 
 def _sample(path: Path) -> bytes:
     """The first MiB of the (decompressed) file."""
-    if _is_gzip(path):
+    if is_gzip(path):
         with gzip.open(path, "rb") as handle:
             return handle.read(_SAMPLE_BYTES)
     with path.open("rb") as handle:
@@ -174,7 +175,7 @@ def scan_input(schema: Schema, path: Path) -> ScannedInput:
             hint="check the schema's format/separator and columns against the file",
         )
     estimated = None
-    if not _is_gzip(path) and len(lines) > 1:
+    if not is_gzip(path) and len(lines) > 1:
         mean_line = max(1.0, (len(sample) - len(lines[-1])) / max(1, len(lines) - 1))
         estimated = int(path.stat().st_size / mean_line)
     frame = pl.scan_csv(
