@@ -19,7 +19,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import average_precision_score, log_loss, roc_auc_score
 
+from ctrctl.data.manifest import write_json_atomic
 from ctrctl.evaluation.streaming import MetricAccumulator, Metrics
 from ctrctl.evaluation.synthetic import synthetic_arrays, synthetic_predictions
 
@@ -137,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({'holds' if results['bound_holds'] else 'BROKEN'}); "
           f"PR-AUC error {results['pr_auc_streaming_error']:.2e}, "
           f"logloss error {results['logloss_streaming_error']:.2e}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    write_json_atomic(args.out, results)
     print(f"wrote {args.out}")
     return 0 if results["bound_holds"] else 1
 

@@ -15,7 +15,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import pyarrow.parquet as pq
 import torch
 
 from ctrctl.data.dataset import BatchLoader
+from ctrctl.data.manifest import write_json_atomic
 from ctrctl.sparse import KeyedJaggedTensor
 from ctrctl.testing.datasets import make_dataset
 
@@ -125,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         wall, cpu = results[f"{key}_samples_per_s"], results[f"{key}_samples_per_cpu_s"]
         print(f"{name:<28}{wall:>14,.0f}{wall / results['ctrctl_samples_per_s']:>8.2f}"
               f"{cpu:>16,.0f}{cpu / results['ctrctl_samples_per_cpu_s']:>8.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    write_json_atomic(args.out, results)
     print(f"wrote {args.out}")
     return 0
 

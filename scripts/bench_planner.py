@@ -15,7 +15,6 @@ plan is faster), planning seconds of each (median of repeats for ctrctl).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import statistics
 import sys
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ctrctl.data.manifest import write_json_atomic
 from ctrctl.distributed.planner import EmbeddingShardingPlanner, Topology, rate_plan
 from ctrctl.distributed.planner.suites import (
     criteo_1tb,
@@ -217,9 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                "median_ratio_nonuniform": statistics.median(skewed) if skewed else None}
     print(f"compared {summary['compared']} cases: never worse than TorchRec: {never_worse}; "
           f"median ratio on non-uniform sets {summary['median_ratio_nonuniform']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"batch_size": args.batch_size, "quick": args.quick,
-                                    "summary": summary, "rows": rows}, indent=2))
+    write_json_atomic(args.out, {"batch_size": args.batch_size, "quick": args.quick,
+                                 "summary": summary, "rows": rows})
     print(f"results in {args.out}")
     return 0
 

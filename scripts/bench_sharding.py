@@ -16,7 +16,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ctrctl.data.manifest import write_json_atomic
 from ctrctl.testing.multiprocess import run_multiprocess
 
 TYPES = ["table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise",
@@ -204,8 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"{ref:,.0f}" if ref else (row.get("torchrec", {}).get("error", "-")[:18]),
                  f"{row['ratio']:.2f}" if row["ratio"] else "-"]
         print(f"{kind:<20}{cells[0]:>18}{cells[1]:>20}{cells[2]:>8}", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    write_json_atomic(args.out, results)
     print(f"results: {args.out}")
     return 0
 

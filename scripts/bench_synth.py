@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import resource
 import shutil
@@ -38,6 +37,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
+from ctrctl.data.manifest import write_json_atomic
 from ctrctl.data.synthetic import (
     CHUNK_ROWS,
     ChunkColumns,
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         "target_rows_per_s": TARGET_ROWS_PER_S,
         "results": results,
     }
-    args.out.write_text(json.dumps(payload, indent=2) + "\n")
+    write_json_atomic(args.out, payload)
     print(f"results in {args.out}")
     return 0
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import os
 import statistics
@@ -46,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctrctl.data.manifest import write_json_atomic
 from ctrctl.modules import (
     DLRM,
     MLP,
@@ -342,8 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     for name, note in report["notes"].items():
         print(f"{name}: {note}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    write_json_atomic(args.out, report)
     print(f"results in {args.out}")
     return 0
 

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctrctl.data.manifest import write_json_atomic
 from ctrctl.distributed.planner import (
     EmbeddingShardingPlanner,
     TableConstraints,
@@ -165,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     result = check(topology, args.quick, args.batch_size, args.steps, args.rounds)
     print(f"rank correlation of estimates and measurements: {result['spearman']:.3f}; "
           f"largest error {100 * result['max_abs_error']:.1f}%")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json_atomic(args.out, result)
     print(f"results in {args.out}")
     return 0
 
