@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import average_precision_score, log_loss, roc_auc_score
 
-from ctrctl.data.manifest import write_json_atomic
 from ctrctl.evaluation.streaming import MetricAccumulator, Metrics
 from ctrctl.evaluation.synthetic import synthetic_arrays, synthetic_predictions
+from ctrctl.io import write_json_atomic
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

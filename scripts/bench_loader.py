@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import torch
 
 from ctrctl.data.dataset import BatchLoader
-from ctrctl.data.manifest import write_json_atomic
+from ctrctl.io import write_json_atomic
 from ctrctl.sparse import KeyedJaggedTensor
 from ctrctl.testing.datasets import make_dataset
 

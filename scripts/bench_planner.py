@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ctrctl.data.manifest import write_json_atomic
 from ctrctl.distributed.planner import EmbeddingShardingPlanner, Topology, rate_plan
 from ctrctl.distributed.planner.suites import (
     criteo_1tb,
@@ -34,6 +33,7 @@ from ctrctl.distributed.planner.suites import (
 from ctrctl.distributed.planner.types import TableSpec
 from ctrctl.distributed.types import ParameterSharding, ShardingPlan, ShardMetadata
 from ctrctl.errors import PlanError
+from ctrctl.io import write_json_atomic
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['vs_pandas']:>10.1f}{r['cpu_s_per_1m_rows']:>10.2f}{r['cpu_vs_pandas']:>10.1f}"
               f"{r['peak_rss_mb']:>10.0f}")
     print(f"peak RSS growth for 10x rows: {rss_growth:.2f}x")
-    from ctrctl.data.manifest import write_json_atomic  # not in the timed workers' start-up
+    from ctrctl.io import write_json_atomic  # not in the timed workers' start-up
 
     write_json_atomic(args.out, summary)
     print(f"wrote {args.out}")

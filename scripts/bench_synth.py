@@ -37,7 +37,6 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
-from ctrctl.data.manifest import write_json_atomic
 from ctrctl.data.synthetic import (
     CHUNK_ROWS,
     ChunkColumns,
@@ -46,6 +45,7 @@ from ctrctl.data.synthetic import (
     synthesize,
     text_of,
 )
+from ctrctl.io import write_json_atomic
 
 TARGET_ROWS_PER_S = 1_000_000
 PYTHON_REFERENCE_ROWS = 20_000

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctrctl.data.manifest import write_json_atomic
+from ctrctl.io import write_json_atomic
 from ctrctl.modules import (
     DLRM,
     MLP,

@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ctrctl.data.manifest import write_json_atomic
 from ctrctl.distributed.planner import (
     EmbeddingShardingPlanner,
     TableConstraints,
@@ -35,6 +34,7 @@ from ctrctl.distributed.planner import (
 )
 from ctrctl.distributed.planner.measure import table_payload
 from ctrctl.distributed.types import ShardingPlan
+from ctrctl.io import write_json_atomic
 
 #: The planner's plan, one plan per forced type, and every table on rank 0 ("lopsided").
 PLAN_TYPES = ("planner", "table_wise", "lopsided", "row_wise", "column_wise",

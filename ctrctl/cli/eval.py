@@ -98,11 +98,11 @@ def eval_command(
     from ctrctl.evaluation import launch as dist_launch
     from ctrctl.evaluation.evaluate import evaluate, gates_from_output
     from ctrctl.evaluation.gates import parse_gates, raise_for_failures
-    from ctrctl.evaluation.outputs import check_output
+    from ctrctl.io import check_destination
 
     parse_gates(gate or [])  # a bad gate fails here, before anything runs
     if dist_launch.needs_launch(nproc_per_node):
-        check_output(out, overwrite)
+        check_destination(out, overwrite)
         code = dist_launch.launch(_child_args(locals()), nproc_per_node)
         gates_from_output(out, code)  # raises GateError / DistributedError
         metrics = json.loads((out / "metrics.json").read_text())

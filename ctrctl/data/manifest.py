@@ -21,13 +21,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctrctl.errors import CtrctlError, DatasetError, FormatError
+from ctrctl.errors import DatasetError, FormatError
+from ctrctl.io import read_json_file, write_json_atomic
 
 FORMAT = "ctrctl.dataset"
 FORMAT_VERSION = 1
@@ -190,37 +189,3 @@ class DatasetManifest:
             "no manifest.json: not a dataset folder", where=str(folder),
             hint="create one with `ctrctl preprocess`"))
         return cls.from_dict(data, where=str(path))
-
-
-def read_json_file(path: str | Path, missing: CtrctlError) -> Any:
-    """Parse a JSON file: ``missing`` is raised when it does not exist, FormatError when it
-    is not JSON (naming the file and the position)."""
-    path = Path(path)
-    if not path.is_file():
-        raise missing
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"invalid JSON: {exc}", where=str(path)) from exc
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write JSON to ``path`` through a temporary file and a rename: never half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(obj, handle, indent=2, sort_keys=True, default=str)
-            handle.write("\n")
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

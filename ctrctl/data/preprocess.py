@@ -7,9 +7,9 @@ an input divided between splits goes through one partitioned sink.
 In vocabulary mode the parsed keys are staged first, vocabularies are counted on the staged
 training split, and a second streaming pass maps keys to ids.
 
-Output is written to a temporary folder beside ``out`` (``.<name>.tmp-<pid>-<random>``) and
-renamed at the end; a failure removes it, and a stale one left by a killed run is removed by
-the next run. Nothing at ``out`` is ever partial.
+Output is written to a staging folder beside ``out`` (:mod:`ctrctl.io`) and renamed at the
+end; a failure removes it, and a stale one left by a killed run is removed by the next run.
+Nothing at ``out`` is ever partial.
 
 Example:
     >>> manifest = preprocess("schemas/criteo.yaml", ["train=train.txt", "val=dev.txt"],
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import shutil
 import time
 from collections.abc import Sequence
@@ -63,7 +62,8 @@ from ctrctl.data.vocab import (
     load_vocabs,
     save_vocabs,
 )
-from ctrctl.errors import ConfigError, InputDataError, OutputExistsError
+from ctrctl.errors import ConfigError, InputDataError
+from ctrctl.io import check_destination, staged_folder
 from ctrctl.progress import Progress
 from ctrctl.tracking import Tracker
 
@@ -74,7 +74,6 @@ BadRows = Literal["error", "skip"]
 ROW_GROUP_SIZE = 65_536
 #: lz4 decodes and encodes several times faster than zstd at a modest size cost.
 COMPRESSION: Literal["lz4"] = "lz4"
-_TMP_MARK = ".tmp-"
 #: polars reads CSV in chunks sized from the file by default, so its buffers grow with the
 #: input (~370 MB at 1M Criteo rows); 4 MiB chunks cost no throughput and keep peak memory
 #: nearly flat. A value already set in the environment wins.
@@ -112,37 +111,6 @@ def _parse_ratio(text: str | Sequence[float] | None) -> tuple[float, float, floa
         raise ConfigError(f"--split-ratio {text!r} must be three non-negative numbers summing to 1",
                           hint="e.g. --split-ratio 0.8,0.1,0.1")
     return values[0], values[1], values[2]
-
-
-def _temp_folder(out: Path) -> Path:
-    return out.parent / f".{out.name}{_TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def clean_stale_temps(out: Path) -> list[Path]:
-    """Remove temporary folders of ``out`` left by runs that were killed; returns them."""
-    removed: list[Path] = []
-    prefix = f".{out.name}{_TMP_MARK}"
-    if not out.parent.is_dir():
-        return removed
-    for path in out.parent.iterdir():
-        if not path.name.startswith(prefix):
-            continue
-        pid_text = path.name[len(prefix):].split("-", 1)[0]
-        if pid_text.isdigit() and _pid_alive(int(pid_text)):
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
 
 
 def _plan_jobs(
@@ -242,11 +210,7 @@ def preprocess(
     ratio = _parse_ratio(split_ratio)
     if split_by_day and ratio is not None:
         raise ConfigError("--split-by-day and --split-ratio exclude each other")
-    if out.exists() and not overwrite:
-        raise OutputExistsError("output folder already exists", where=str(out),
-                                hint="pass --overwrite to replace it, or choose another --out")
-    for stale in clean_stale_temps(out):
-        logger.info("removed %s, left by an interrupted run", stale)
+    check_destination(out, overwrite)
 
     with tracker.run("preprocess") as run:
         run.log_params({
@@ -256,21 +220,10 @@ def preprocess(
             "on_bad_rows": on_bad_rows, "reuse_transforms": reuse_transforms,
         })
         run.log_dict(schema.to_dict(), "schema.json")
-        temp = _temp_folder(out)
-        temp.mkdir(parents=True)
-        try:
-            manifest, timings = _run(schema, sources, temp, ratio, seed, split_by_day, followed,
-                                     reuse_transforms, on_bad_rows, row_group_size, progress)
-            if out.exists():
-                trash = _temp_folder(out)
-                out.rename(trash)
-                temp.rename(out)
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                temp.rename(out)
-        except BaseException:
-            shutil.rmtree(temp, ignore_errors=True)
-            raise
+        with staged_folder(out, overwrite=overwrite) as staging:
+            manifest, timings = _run(schema, sources, staging, ratio, seed, split_by_day,
+                                     followed, reuse_transforms, on_bad_rows, row_group_size,
+                                     progress)
         seconds = time.perf_counter() - started
         total = sum(s.rows for s in manifest.splits.values())
         run.log_metrics({

@@ -34,8 +34,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -47,7 +45,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ctrctl.data.manifest import write_json_atomic
 from ctrctl.data.synthetic_model import (
     CHUNK_ROWS,
     ChunkColumns,
@@ -58,7 +55,8 @@ from ctrctl.data.synthetic_model import (
     zipf_ranks,
 )
 from ctrctl.data.synthetic_specs import AVAZU_COLUMNS, EFFECT_HEAD, FORMATS, format_spec
-from ctrctl.errors import ConfigError, OutputExistsError
+from ctrctl.errors import ConfigError
+from ctrctl.io import check_destination, staged_folder, write_json_atomic
 from ctrctl.progress import Progress
 from ctrctl.tracking import Tracker
 
@@ -439,10 +437,7 @@ def synthesize(
     format_spec(format)  # an unknown format is an error before anything is written
     counts = split_rows(rows, dict(splits) if splits is not None else DEFAULT_SPLITS)
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise OutputExistsError(
-            "output folder already exists", where=str(out), hint="pass --overwrite to replace it"
-        )
+    check_destination(out, overwrite)
     _model(format, seed, cardinalities)  # unknown features too, before any tracking or output
     tracker = tracker or Tracker()
     with tracker.run("synth") as run:
@@ -456,7 +451,8 @@ def synthesize(
                 "out": str(out),
             }
         )
-        result = _write(out, counts, format, seed, cardinalities, progress, workers)
+        result = _write(out, counts, format, seed, cardinalities, progress, workers,
+                        overwrite)
         metrics = {"rows_per_second": result.rows_per_second, "seconds": result.seconds}
         for name, count in result.rows.items():
             metrics[f"rows.{name}"] = count
@@ -476,16 +472,14 @@ def _write(
     cardinalities: Mapping[str, int] | None,
     progress: Progress | None,
     workers: int | None,
+    overwrite: bool,
 ) -> SynthResult:
     rows = sum(counts.values())
     model = _model(format, seed, cardinalities)
     progress = progress or Progress()
     workers = workers if workers is not None else max(1, min(4, os.cpu_count() or 1))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary folder
     t0 = time.perf_counter()
-    try:
+    with staged_folder(out, overwrite=overwrite) as tmp:
         ext = _extension(format)
         header = (",".join(AVAZU_COLUMNS) + "\n").encode() if format == "avazu" else b""
         # Split s holds rows [bounds[s], bounds[s + 1]) of the stream.
@@ -542,11 +536,6 @@ def _write(
             },
         }
         write_json_atomic(tmp / "synth.json", meta)
-        (tmp / "synth.json").chmod(0o644)  # written through a private temp file
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     logger.info("synth: %d rows in %.2f s (%.0f rows/s) -> %s", rows, seconds, rows / seconds, out)
     return SynthResult(
         out=out,
@@ -563,14 +552,3 @@ def _write(
 
 def _json_float(value: float) -> float | None:
     return None if math.isnan(value) else value
-
-
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Move ``tmp`` to ``out``, replacing an existing ``out`` only once ``tmp`` is complete."""
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        os.replace(out, old / out.name)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)

@@ -153,7 +153,7 @@ class ShardingPlan:
         }
 
     def save(self, path: str | Path) -> Path:
-        from ctrctl.data.manifest import write_json_atomic
+        from ctrctl.io import write_json_atomic
 
         write_json_atomic(path, self.to_dict())
         return Path(path)
@@ -193,7 +193,7 @@ class ShardingPlan:
 
     @classmethod
     def load(cls, path: str | Path) -> ShardingPlan:
-        from ctrctl.data.manifest import read_json_file
+        from ctrctl.io import read_json_file
 
         data = read_json_file(path, PlanError("plan file not found", where=str(path),
                                               hint="write one with `ctrctl plan`"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ctrctl.data.manifest import DatasetManifest, write_json_atomic
+from ctrctl.data.manifest import DatasetManifest
 from ctrctl.errors import ConfigError, DistributedError
 from ctrctl.evaluation.baselines import (
     DEFAULT_SMOOTHING,
@@ -26,13 +27,7 @@ from ctrctl.evaluation.baselines import (
 )
 from ctrctl.evaluation.calibration import DEFAULT_BINS
 from ctrctl.evaluation.gates import Gate, GateResult, check_gates, parse_gates, raise_for_failures
-from ctrctl.evaluation.outputs import (
-    check_output,
-    discard_output,
-    publish_output,
-    stage_output,
-    write_csv,
-)
+from ctrctl.evaluation.outputs import write_csv
 from ctrctl.evaluation.segments import SegmentAccumulator
 from ctrctl.evaluation.sources import ScoreBatch, checkpoint_scores, predictions_scores
 from ctrctl.evaluation.streaming import (
@@ -41,6 +36,7 @@ from ctrctl.evaluation.streaming import (
     MetricAccumulator,
     Metrics,
 )
+from ctrctl.io import check_destination, publish_staged, stage_folder, write_json_atomic
 from ctrctl.progress import NullProgress, Progress
 from ctrctl.tracking import Tracker
 
@@ -293,11 +289,11 @@ def evaluate(
         dataset = recorded_dataset(checkpoint)
     _check_sources(checkpoint, dataset, predictions)
     rank, world_size = _rank_and_world(group)
-    check_output(out, overwrite)
+    check_destination(out, overwrite)
     progress = progress or NullProgress()
     tracker = tracker or Tracker()
 
-    staging = _broadcast(stage_output(out, overwrite) if rank == 0 else None, group)
+    staging = _broadcast(stage_folder(out, overwrite=overwrite) if rank == 0 else None, group)
     try:
         result = _measure(
             checkpoint, dataset, predictions, split, tuple(segment_by), save_predictions,
@@ -307,12 +303,12 @@ def evaluate(
         result.gates = check_gates(parsed, result.metrics)
         if rank == 0:
             _write(staging, result)
-            publish_output(staging, out)
+            publish_staged(staging, out)
             result.out = out
             result.run_id = _track(tracker, out, result, checkpoint, split, parsed)
     except BaseException:
         if rank == 0:
-            discard_output(staging)
+            shutil.rmtree(staging, ignore_errors=True)
         raise
     for gate in result.gates if rank == 0 else ():
         logger.debug("gate %s", gate.describe())

@@ -1,4 +1,4 @@
-"""Writing an evaluation's output folder: staged beside the target, then renamed into place.
+"""What an evaluation's output folder holds (staged and published by :mod:`ctrctl.io`).
 
 Layout::
 
@@ -12,58 +12,15 @@ Layout::
     out/predictions/part-<rank>.parquet   with --save-predictions: label, score (+ features)
 
 Example:
-    >>> staging = stage_output(Path("eval-out"), overwrite=False)
-    >>> (staging / "metrics.json").write_text("{}")
-    >>> publish_output(staging, Path("eval-out"))
+    >>> write_csv(Path("eval-out/segments/C9.csv"), [{"value": 3, "auc": 0.71}])
 """
 
 from __future__ import annotations
 
 import csv
-import os
-import shutil
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-from ctrctl.errors import OutputExistsError
-
-
-def check_output(out: Path, overwrite: bool) -> None:
-    """Refuse an existing output folder unless ``overwrite``."""
-    if out.exists() and not overwrite:
-        raise OutputExistsError(
-            "the output folder already exists",
-            where=str(out),
-            hint="pass --overwrite to replace it, or choose another --out",
-        )
-    if out.exists() and not out.is_dir():
-        raise OutputExistsError("the output path is a file, not a folder", where=str(out))
-
-
-def stage_output(out: Path, overwrite: bool) -> Path:
-    """Create an empty staging folder next to ``out`` (same file system: rename is atomic)."""
-    check_output(out, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f".{out.name}.staging-{uuid.uuid4().hex[:10]}"
-    staging.mkdir()
-    return staging
-
-
-def publish_output(staging: Path, out: Path) -> None:
-    """Move the staged folder to ``out``, replacing an old one only once the new one is whole."""
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:10]}"
-        os.replace(out, old)
-    os.replace(staging, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def discard_output(staging: Path) -> None:
-    shutil.rmtree(staging, ignore_errors=True)
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:

@@ -6,7 +6,7 @@ since any block of a table is assembled from whichever saved pieces overlap it::
 
     OUT/checkpoints/
       latest                                 "step-00000100" (replaced atomically)
-      step-00000100/                         written as .step-00000100.tmp-XXXX, then renamed
+      step-00000100/                         staged beside it (ctrctl.io), then renamed
         metadata.json                        format, step, epoch, world size, plan, manifest
                                              hash, config, per table: rows, dim, optimizer and
                                              its pieces (file, offsets, sizes, state kinds)
@@ -30,11 +30,8 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,8 +41,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ctrctl.data.manifest import write_json_atomic
 from ctrctl.errors import CheckpointError, FormatError
+from ctrctl.io import (
+    publish_staged,
+    read_json_file,
+    stage_folder,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -220,48 +223,19 @@ def _rng_state() -> dict[str, torch.Tensor]:
     return state
 
 
-def save_checkpoint(
-    checkpoints: str | Path,
+def _write_contents(
+    tmp: Path,
     step: int,
     table_shards: Sequence[TableShard],
     dense_state: Mapping[str, torch.Tensor],
     dense_optim_state: Mapping[str, Any],
     trainer_state: Mapping[str, Any],
     metadata: Mapping[str, Any],
-    *,
-    rank: int = 0,
-    world_size: int = 1,
-    process_group: Any = None,
-) -> Path:
-    """Write a checkpoint of ``step`` under ``checkpoints`` atomically; every rank calls it.
-
-    Each rank writes its own table shards and RNG state; rank 0 writes the dense state (the
-    same on every rank), the trainer state and ``metadata.json``, then renames the temporary
-    folder after a barrier and points ``latest`` at it.
-
-    Args:
-        checkpoints: the folder holding step folders (``OUT/checkpoints``).
-        step: the optimizer steps taken.
-        table_shards: this rank's blocks of the tables (with DP tables only one rank should
-            pass the replica).
-        dense_state: dense parameters and buffers (``state_dict`` without the tables).
-        dense_optim_state: the dense optimizer's ``state_dict()``.
-        trainer_state: JSON data: epoch, loader position, metrics.
-        metadata: JSON data: ``epoch``, ``plan``, ``manifest_hash``, ``config`` and
-            ``tables`` (name -> rows, dim, optimizer); anything else is kept under extra.
-        rank, world_size, process_group: this rank's place (a shared file system when > 1).
-
-    Returns:
-        The step folder.
-    """
-    checkpoints = Path(checkpoints)
-    final = checkpoints / step_dir_name(step)
-    tmp_name = None
-    if rank == 0:
-        checkpoints.mkdir(parents=True, exist_ok=True)
-        tmp_name = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=checkpoints)).name
-    tmp = checkpoints / _broadcast_name(tmp_name, process_group, world_size)
-
+    rank: int,
+    world_size: int,
+    process_group: Any,
+) -> None:
+    """Write this rank's part of a checkpoint into the staging folder ``tmp``."""
     pieces: list[dict[str, Any]] = []
     counters: dict[str, int] = {}
     for shard in table_shards:
@@ -310,22 +284,63 @@ def save_checkpoint(
             "tables": tables,
             "extra": {k: v for k, v in metadata.items() if k not in known},
         })
-    _barrier(process_group, world_size)
+
+
+def save_checkpoint(
+    checkpoints: str | Path,
+    step: int,
+    table_shards: Sequence[TableShard],
+    dense_state: Mapping[str, torch.Tensor],
+    dense_optim_state: Mapping[str, Any],
+    trainer_state: Mapping[str, Any],
+    metadata: Mapping[str, Any],
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    process_group: Any = None,
+) -> Path:
+    """Write a checkpoint of ``step`` under ``checkpoints`` atomically; every rank calls it.
+
+    Each rank writes its own table shards and RNG state; rank 0 writes the dense state (the
+    same on every rank), the trainer state and ``metadata.json``, then renames the temporary
+    folder after a barrier and points ``latest`` at it.
+
+    Args:
+        checkpoints: the folder holding step folders (``OUT/checkpoints``).
+        step: the optimizer steps taken.
+        table_shards: this rank's blocks of the tables (with DP tables only one rank should
+            pass the replica).
+        dense_state: dense parameters and buffers (``state_dict`` without the tables).
+        dense_optim_state: the dense optimizer's ``state_dict()``.
+        trainer_state: JSON data: epoch, loader position, metrics.
+        metadata: JSON data: ``epoch``, ``plan``, ``manifest_hash``, ``config`` and
+            ``tables`` (name -> rows, dim, optimizer); anything else is kept under extra.
+        rank, world_size, process_group: this rank's place (a shared file system when > 1).
+
+    Returns:
+        The step folder.
+    """
+    checkpoints = Path(checkpoints)
+    final = checkpoints / step_dir_name(step)
+    tmp_name = None
     if rank == 0:
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _write_latest(checkpoints, final.name)
+        # A step written again (a resumed run passing the same step) replaces the old folder.
+        tmp_name = stage_folder(final, overwrite=True).name
+    tmp = checkpoints / _broadcast_name(tmp_name, process_group, world_size)
+    try:
+        _write_contents(tmp, step, table_shards, dense_state, dense_optim_state, trainer_state,
+                        metadata, rank, world_size, process_group)
+        _barrier(process_group, world_size)
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if rank == 0:
+        publish_staged(tmp, final)
+        write_text_atomic(checkpoints / LATEST, final.name + "\n")
         logger.info("checkpoint written: %s", final)
     _barrier(process_group, world_size)
     return final
-
-
-def _write_latest(checkpoints: Path, name: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".latest.", dir=checkpoints)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(name + "\n")
-    os.replace(tmp, checkpoints / LATEST)
 
 
 # ---- finding and reading --------------------------------------------------------------------
@@ -363,10 +378,7 @@ def read_metadata(path: str | Path) -> CheckpointMetadata:
     """Read and validate a checkpoint's ``metadata.json`` (any of resolve_checkpoint's forms)."""
     folder = resolve_checkpoint(path)
     where = str(folder / "metadata.json")
-    try:
-        data = json.loads((folder / "metadata.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"invalid JSON: {exc}", where=where) from exc
+    data = read_json_file(folder / "metadata.json")
     if data.get("format") != CHECKPOINT_FORMAT:
         raise FormatError(f"not a ctrctl checkpoint (format={data.get('format')!r})",
                           where=where)
@@ -486,7 +498,9 @@ def load_dense(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
 
 def load_trainer_state(path: str | Path) -> dict[str, Any]:
     folder = resolve_checkpoint(path)
-    return json.loads((folder / "trainer_state.json").read_text())
+    return dict(read_json_file(folder / "trainer_state.json", CheckpointError(
+        "the checkpoint has no trainer_state.json", where=str(folder),
+        hint="pass a checkpoint written by `ctrctl train`")))
 
 
 def load_rng_state(path: str | Path, rank: int = 0) -> dict[str, torch.Tensor] | None:

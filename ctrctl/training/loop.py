@@ -34,9 +34,10 @@ from torch import nn
 
 from ctrctl.config import PipelineConfig
 from ctrctl.data.dataset import BatchLoader, LoaderPosition
-from ctrctl.data.manifest import DatasetManifest, write_json_atomic
+from ctrctl.data.manifest import DatasetManifest
 from ctrctl.distributed.types import ShardingPlan
 from ctrctl.errors import CheckpointError, ConfigError, OutputExistsError
+from ctrctl.io import write_json_atomic
 from ctrctl.progress import Progress
 from ctrctl.tracking import Run, Tracker
 from ctrctl.training import checkpoint as ckpt

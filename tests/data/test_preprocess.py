@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import math
-import os
 from pathlib import Path
 
 import polars as pl
@@ -21,6 +20,7 @@ from ctrctl.errors import (
     OutputExistsError,
     SchemaError,
 )
+from ctrctl.io import temp_path
 
 ROOT = Path(__file__).resolve().parents[2]
 CRITEO = ROOT / "schemas" / "criteo.yaml"
@@ -348,9 +348,9 @@ def test_stale_temp_folder_is_removed_and_never_output(tmp_path: Path) -> None:
     # A temp folder of a killed run: its pid no longer exists.
     dead = 2**22 + 12345
     assert not Path(f"/proc/{dead}").exists()
-    stale = tmp_path / f".out.tmp-{dead}-abcd"
+    stale = temp_path(tmp_path / "out", pid=dead)
     (stale / "train").mkdir(parents=True)
-    mine = tmp_path / f".out.tmp-{os.getpid()}-live"  # a live run's folder is left alone
+    mine = temp_path(tmp_path / "out")  # a live run's folder is left alone
     mine.mkdir()
     with pytest.raises(DatasetError):
         DatasetManifest.load(tmp_path / "out")

@@ -233,7 +233,7 @@ class Topology:
             raise FormatError(f"malformed topology: {exc}", where=where) from exc
 
     def save(self, path: str | Path) -> Path:
-        from ctrctl.data.manifest import write_json_atomic
+        from ctrctl.io import write_json_atomic
 
         write_json_atomic(path, self.to_dict())
         return Path(path)
@@ -242,7 +242,7 @@ class Topology:
     def load(cls, path: str | Path, world_size: int | None = None,
              local_world_size: int | None = None) -> Topology:
         """Read ``topology.json``; ``world_size``/``local_world_size`` replace the file's."""
-        from ctrctl.data.manifest import read_json_file
+        from ctrctl.io import read_json_file
 
         data = read_json_file(path, PlanError(
             "topology file not found", where=str(path),
