@@ -25,8 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ctrctl.distributed.processes import run_multiprocess
 from ctrctl.io import write_json_atomic
-from ctrctl.testing.multiprocess import run_multiprocess
 
 TYPES = ["table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise",
          "data_parallel"]

@@ -204,7 +204,7 @@ def torchrec_trainer(args: argparse.Namespace, batches: list[Any]) -> Callable[[
     warnings.filterwarnings("ignore", module="torchrec")
     warnings.filterwarnings("ignore", category=FutureWarning)
     if not dist.is_initialized():
-        from ctrctl.testing.multiprocess import free_port
+        from ctrctl.distributed.processes import free_port
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         dist.init_process_group("gloo", rank=0, world_size=1)

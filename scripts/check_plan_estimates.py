@@ -121,7 +121,7 @@ def check(topology: Topology, quick: bool = False, batch: int | None = None,
     ``spread`` (slowest round over fastest) says how much the machine disturbed it.
     """
     from ctrctl.distributed.planner.measure import measure_many_body
-    from ctrctl.testing.multiprocess import run_multiprocess
+    from ctrctl.distributed.processes import run_multiprocess
 
     batch = batch or (1024 if quick else 2048)
     steps = steps or (8 if quick else 20)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ctrctl.cli.app import main
+from ctrctl.distributed.processes import free_port
 from ctrctl.tracking import PARENT_RUN_ENV, MlflowTracker, Tracker, make_tracker
 
 VENV_BIN = Path(sys.executable).parent
@@ -156,12 +156,6 @@ def test_no_track_creates_no_store(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- a real server
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:

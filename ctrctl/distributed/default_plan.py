@@ -12,7 +12,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 from ctrctl.distributed.sharding.common import TableSpec
@@ -22,14 +21,9 @@ from ctrctl.distributed.types import (
     ShardingPlan,
     ShardingType,
     ShardMetadata,
+    row_blocks,
 )
 from ctrctl.errors import PlanError
-
-
-def row_blocks(rows: int, n: int) -> list[tuple[int, int]]:
-    """(row_offset, rows) of ``ceil(rows / n)``-row blocks covering ``rows``."""
-    size = math.ceil(rows / n)
-    return [(start, min(size, rows - start)) for start in range(0, rows, size)]
 
 
 def column_blocks(dim: int, max_blocks: int, min_block_width: int = 4) -> list[tuple[int, int]]:

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -53,6 +54,21 @@ class ComputeKernel(str, Enum):
     FUSED_UVM = "fused_uvm"
     #: Quantized inference kernels.
     QUANT = "quant"
+
+
+def row_blocks(rows: int, n: int) -> list[tuple[int, int]]:
+    """(row_offset, rows) of TorchRec's row-wise split of ``rows`` over ``n`` ranks.
+
+    Blocks of ``ceil(rows / n)`` rows, the last one shorter; fewer than ``n`` blocks when the
+    table has fewer rows than that (ranks past the last row hold nothing). The one place this
+    rule is written: default plans, the planner's enumerator and the sharded modules agree.
+
+    Example:
+        >>> row_blocks(10, 4)
+        [(0, 3), (3, 3), (6, 3), (9, 1)]
+    """
+    size = math.ceil(rows / n)
+    return [(start, min(size, rows - start)) for start in range(0, rows, size)]
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,9 @@ from ctrctl.distributed import comm
 from ctrctl.distributed.checkpoint import gather_table_weights, load_sharded, save_sharded
 from ctrctl.distributed.default_plan import forced_plan
 from ctrctl.distributed.model_parallel import DistributedModelParallel
+from ctrctl.distributed.processes import free_port
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
-from ctrctl.testing.multiprocess import free_port
 from ctrctl.testing.sharding import DENSE_IN, Batch, _say, golden_tables, make_batches
 from ctrctl.training import checkpoint as ckpt
 

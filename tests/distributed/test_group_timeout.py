@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ctrctl.distributed.processes import run_multiprocess
 from ctrctl.testing.groups import twrw_group_timeouts_body
-from ctrctl.testing.multiprocess import run_multiprocess
 
 
 @pytest.mark.distributed

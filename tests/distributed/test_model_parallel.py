@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ctrctl.testing.multiprocess import run_multiprocess
+from ctrctl.distributed.processes import run_multiprocess
 from ctrctl.testing.sharding_dmp import dmp_body
 
 MIXED = {"t0": "row_wise", "t1": "column_wise", "t2": "table_wise", "t3": "data_parallel"}

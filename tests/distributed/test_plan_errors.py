@@ -14,10 +14,10 @@ import torch.distributed as dist
 from ctrctl.distributed.checkpoint import gather_table_weights, load_full_weights
 from ctrctl.distributed.default_plan import forced_plan
 from ctrctl.distributed.model_parallel import DistributedModelParallel, shard
+from ctrctl.distributed.processes import free_port
 from ctrctl.distributed.types import ShardingPlan, ShardMetadata
 from ctrctl.errors import CheckpointError, PlanError
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
-from ctrctl.testing.multiprocess import free_port
 from ctrctl.testing.sharding import golden_tables, make_batches
 from ctrctl.testing.sharding_dmp import TinyModel, make_model, reference_steps, sharded_steps
 

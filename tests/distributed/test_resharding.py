@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ctrctl.testing.multiprocess import run_multiprocess
+from ctrctl.distributed.processes import run_multiprocess
 from ctrctl.testing.sharding_dmp import resume_body, save_body
 
 SAVE_PLAN = {"t0": "row_wise", "t1": "column_wise", "t2": "table_wise", "t3": "table_wise"}

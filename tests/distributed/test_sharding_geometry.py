@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ctrctl.distributed.default_plan import column_blocks, default_plan, forced_plan, row_blocks
+from ctrctl.distributed.default_plan import column_blocks, default_plan, forced_plan
 from ctrctl.distributed.sharding import common
 from ctrctl.distributed.sharding.common import GroupLayout, TableSpec, bucketize_by_rows
+from ctrctl.distributed.types import row_blocks
 from ctrctl.errors import PlanError
 from ctrctl.sparse.ops import use_fbgemm_ops
 

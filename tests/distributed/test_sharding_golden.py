@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ctrctl.testing.multiprocess import run_multiprocess
+from ctrctl.distributed.processes import run_multiprocess
 from ctrctl.testing.sharding import ALL_TYPES, golden_body, golden_cases
 
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
+from ctrctl.distributed.processes import run_multiprocess
 from ctrctl.evaluation.segments import SegmentAccumulator
 from ctrctl.evaluation.streaming import MetricAccumulator
-from ctrctl.testing.multiprocess import run_multiprocess
 
 ROWS = 90_000
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ctrctl.distributed.processes import run_multiprocess
 from ctrctl.errors import CheckpointError, FormatError
 from ctrctl.testing.checkpoints import full_tables, save_row_wise
-from ctrctl.testing.multiprocess import run_multiprocess
 from ctrctl.training.checkpoint import (
     TableShard,
     export_table_weights,

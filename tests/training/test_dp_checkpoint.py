@@ -11,8 +11,8 @@ import torch
 
 from ctrctl.config import load_config
 from ctrctl.distributed.default_plan import forced_plan
+from ctrctl.distributed.processes import run_multiprocess
 from ctrctl.testing.datasets import make_dataset
-from ctrctl.testing.multiprocess import run_multiprocess
 from ctrctl.testing.training_ranks import train_body
 from ctrctl.training import checkpoint as ckpt
 from ctrctl.training import model as model_io

@@ -237,7 +237,7 @@ def measure_collectives(sizes: tuple[int, ...] = COLLECTIVE_SIZES, repeats: int 
     """Bandwidth of each collective between two local processes (bytes/s, in the cost
     model's convention) and the fixed latency of one call (seconds, the median over the
     collectives), fitted over ``sizes`` bytes per rank."""
-    from ctrctl.testing.multiprocess import run_multiprocess
+    from ctrctl.distributed.processes import run_multiprocess
 
     results = run_multiprocess(_collective_body, world_size=2, args=(sizes, repeats),
                                timeout_s=120)
@@ -349,8 +349,8 @@ def measure_sharding_types(topology: Topology, steps: int = 10, rounds: int = 2,
     from ctrctl.distributed.planner.measure import measure_many_body, table_payload
     from ctrctl.distributed.planner.planner import EmbeddingShardingPlanner, rate_plan
     from ctrctl.distributed.planner.types import TableConstraints
+    from ctrctl.distributed.processes import run_multiprocess
     from ctrctl.distributed.types import ShardingType
-    from ctrctl.testing.multiprocess import run_multiprocess
 
     dp = ShardingType.DATA_PARALLEL.value
     tiny_topo = Topology.preset("cpu", 2, 2)

@@ -15,14 +15,12 @@ Example:
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ctrctl.distributed.planner.estimators import price_kernels
 from ctrctl.distributed.planner.topology import Topology
 from ctrctl.distributed.planner.types import Enumerator, ShardingOption, TableSpec
-from ctrctl.distributed.types import ComputeKernel, ShardingType
+from ctrctl.distributed.types import ComputeKernel, ShardingType, row_blocks
 
 #: Kernels that train, fastest first, per device.
 _TRAIN_KERNELS = {
@@ -52,16 +50,6 @@ def column_block_counts(dim: int, min_col_block: int, max_blocks: int) -> list[i
                 counts.add(dim // width)
             break
     return sorted(counts)
-
-
-def row_blocks(rows: int, n: int) -> np.ndarray:
-    """Row counts of TorchRec's row-wise split of ``rows`` over ``n`` ranks (empty blocks
-    dropped)."""
-    block = math.ceil(rows / n)
-    count = math.ceil(rows / block)
-    sizes = np.full(count, block, dtype=np.int64)
-    sizes[-1] = rows - block * (count - 1)
-    return sizes
 
 
 class EmbeddingEnumerator(Enumerator):
@@ -128,7 +116,7 @@ class EmbeddingEnumerator(Enumerator):
                 if kind == ShardingType.TABLE_ROW_WISE.value and local == world \
                         and not forced_single:
                     continue  # one host: the same shards as row_wise
-                sizes = row_blocks(rows_n, span)
+                sizes = np.array([n for _, n in row_blocks(rows_n, span)], dtype=np.int64)
                 if kind == ShardingType.ROW_WISE.value and pinned is not None \
                         and not set(range(len(sizes))) <= pinned:
                     continue

@@ -1,6 +1,6 @@
 """Measure the embedding part of a training step under a plan, on local gloo processes.
 
-The body runs in each rank (``ctrctl.testing.multiprocess.run_multiprocess``): it builds a
+The body runs in each rank (``ctrctl.distributed.processes.run_multiprocess``): it builds a
 :class:`~ctrctl.distributed.embeddingbag.ShardedEmbeddingBagCollection` for the plan and
 times forward, backward with the fused update, and the data-parallel gradient all-reduce,
 with fixed-length random bags. Calibration uses it on tiny tables to measure each sharding

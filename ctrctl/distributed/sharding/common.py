@@ -30,7 +30,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -387,7 +386,3 @@ def to_slot_major(
     return (new_lengths, values[value_index],
             weights[value_index] if weights is not None else None)
 
-
-def row_block_size(rows: int, world_size: int) -> int:
-    """TorchRec's row-wise block: ``ceil(rows / world_size)``."""
-    return math.ceil(rows / world_size)

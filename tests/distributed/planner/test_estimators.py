@@ -18,7 +18,6 @@ from ctrctl.distributed.planner import (
 from ctrctl.distributed.planner.enumerators import (
     EmbeddingEnumerator,
     column_block_counts,
-    row_blocks,
 )
 from ctrctl.distributed.planner.estimators import (
     PIPELINE_DEPTH,
@@ -27,6 +26,7 @@ from ctrctl.distributed.planner.estimators import (
     step_overhead,
 )
 from ctrctl.distributed.planner.types import ShardingOption
+from ctrctl.distributed.types import row_blocks
 from ctrctl.errors import PlanError
 
 GIB = 1024**3
@@ -114,8 +114,8 @@ def test_data_parallel_pays_all_reduce_of_the_table() -> None:
 
 
 def test_geometry_helpers() -> None:
-    assert row_blocks(10, 4).tolist() == [3, 3, 3, 1]
-    assert row_blocks(3, 8).tolist() == [1, 1, 1]  # ranks past the last row hold nothing
+    assert row_blocks(10, 4) == [(0, 3), (3, 3), (6, 3), (9, 1)]
+    assert row_blocks(3, 8) == [(0, 1), (1, 1), (2, 1)]  # ranks past the last row hold nothing
     assert column_block_counts(64, 32, 8) == [2]
     assert column_block_counts(512, 128, 8) == [2, 4]
     assert column_block_counts(384, 128, 8) == [2, 3]  # 3: TorchRec's width, 128

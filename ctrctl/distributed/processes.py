@@ -1,9 +1,10 @@
-"""Run one function on several processes over gloo (or NCCL), as tests need.
+"""Run one function on several local processes over gloo (or NCCL): tests and calibration.
 
 Each rank gets a fresh process (``spawn``), ``MASTER_ADDR``/``MASTER_PORT`` on a free port,
 ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` in its environment and an
 initialised default process group with a timeout. The function's return value on each rank
-comes back to the caller; an exception on any rank fails the call, naming the rank.
+comes back to the caller; an exception on any rank fails the call, naming the rank. (Training
+and evaluation processes come from torchrun instead; this is for a function, not a command.)
 
 Example:
     >>> def body(rank: int, world_size: int, value: int) -> int:
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import torch.multiprocessing as mp
+from ctrctl.errors import DistributedError
 
 
 def free_port() -> int:
@@ -80,14 +81,16 @@ def run_multiprocess(
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` processes.
 
     ``fn`` must be importable by the spawned processes (defined at module level in the
-    package, e.g. under ``ctrctl.testing``, or in a test module).
+    package, or in a test module).
 
     Returns:
         The return value of each rank, in rank order.
 
     Raises:
-        AssertionError: when a rank raised or exited non-zero, with that rank's traceback.
+        DistributedError: when a rank raised or exited non-zero, with that rank's traceback.
     """
+    import torch.multiprocessing as mp
+
     manager = mp.Manager()
     results = manager.dict()
     context = mp.spawn(
@@ -102,11 +105,12 @@ def run_multiprocess(
             pass
     except Exception as exc:
         failures = [f"rank {r}: {v[1]}" for r, v in sorted(results.items()) if v[0] == "error"]
-        raise AssertionError("\n".join(failures) or str(exc)) from exc
+        raise DistributedError("\n".join(failures) or str(exc)) from exc
     out = []
     for rank in range(world_size):
         status, value = results.get(rank, ("error", "no result"))
-        assert status == "ok", f"rank {rank}: {value}"
+        if status != "ok":
+            raise DistributedError(f"rank {rank}: {value}")
         out.append(value)
     manager.shutdown()
     return out
