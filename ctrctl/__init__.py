@@ -46,7 +46,7 @@ _EXPORTS: dict[str, str] = {
     "DLRM": "ctrctl.modules",
     # distributed
     "ShardingPlan": "ctrctl.distributed.types",
-    "ShardingType": "ctrctl.distributed.types",
+    "ShardingType": "ctrctl.names",
     "DistributedModelParallel": "ctrctl.distributed.model_parallel",
     "shard": "ctrctl.distributed.model_parallel",
     "EmbeddingShardingPlanner": "ctrctl.distributed.planner",

@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ctrctl.errors import ConfigError
+from ctrctl.names import ComputeKernel, ShardingType
 
 __all__ = [
     "DenseOptimizerConfig",
@@ -202,8 +203,6 @@ class TableConstraintConfig(_Section):
 
     @model_validator(mode="after")
     def _check_names(self) -> TableConstraintConfig:
-        from ctrctl.distributed.types import ComputeKernel, ShardingType
-
         for key, values, known in (
                 ("sharding_types", self.sharding_types, [t.value for t in ShardingType]),
                 ("compute_kernels", self.compute_kernels, [k.value for k in ComputeKernel])):

@@ -32,9 +32,9 @@ from ctrctl.distributed.planner import (
     Topology,
     rate_plan,
 )
-from ctrctl.distributed.planner.measure import table_payload
 from ctrctl.distributed.types import ShardingPlan
 from ctrctl.io import write_json_atomic
+from ctrctl.planning.measure import table_payload
 
 #: The planner's plan, one plan per forced type, and every table on rank 0 ("lopsided").
 PLAN_TYPES = ("planner", "table_wise", "lopsided", "row_wise", "column_wise",
@@ -120,8 +120,8 @@ def check(topology: Topology, quick: bool = False, batch: int | None = None,
     is its fastest round (other work on a shared machine only ever adds time), and
     ``spread`` (slowest round over fastest) says how much the machine disturbed it.
     """
-    from ctrctl.distributed.planner.measure import measure_many_body
     from ctrctl.distributed.processes import run_multiprocess
+    from ctrctl.planning.measure import measure_many_body
 
     batch = batch or (1024 if quick else 2048)
     steps = steps or (8 if quick else 20)
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.topology is not None:
         topology = Topology.load(args.topology, world_size=2, local_world_size=2)
     else:
-        from ctrctl.distributed.planner.calibration import calibrate
+        from ctrctl.planning.calibration import calibrate
 
         topology = calibrate(None, quick=args.quick)
     result = check(topology, args.quick, args.batch_size, args.steps, args.rounds)

@@ -126,11 +126,11 @@ def plan_command(
     experiment: Experiment = "ctrctl",
 ) -> None:
     """Plan how the embedding tables are sharded over ranks, and explain the plan."""
-    from ctrctl.distributed.planner.request import PlanRequest, run_plan
     from ctrctl.errors import ConfigError
+    from ctrctl.planning.request import PlanRequest, run_plan
 
     if calibrate:
-        from ctrctl.distributed.planner.calibration import calibrate as measure
+        from ctrctl.planning.calibration import calibrate as measure
 
         topology = topology or Path("topology.json")
         measured = measure(topology, overwrite=True)

@@ -1,4 +1,4 @@
-"""Glue between sharded modules and the checkpoint format of :mod:`ctrctl.training.checkpoint`.
+"""Glue between sharded modules and the checkpoint format (:mod:`ctrctl.checkpoint`).
 
 Each rank saves the blocks it holds (data-parallel replicas once, from rank 0); loading asks
 the checkpoint for exactly the blocks the *current* plan puts on this rank, assembled from
@@ -22,11 +22,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ctrctl import checkpoint as ckpt
 from ctrctl.distributed import comm
 from ctrctl.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from ctrctl.distributed.sharding.base import LocalShard
 from ctrctl.errors import CheckpointError
-from ctrctl.training import checkpoint as ckpt
 
 
 def _sharded(module: nn.Module) -> list[ShardedEmbeddingBagCollection]:

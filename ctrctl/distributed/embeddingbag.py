@@ -36,11 +36,12 @@ from ctrctl.distributed.sharding.rw import RwSharding
 from ctrctl.distributed.sharding.tw import TwSharding
 from ctrctl.distributed.sharding.twcw import TwcwSharding
 from ctrctl.distributed.sharding.twrw import TwrwSharding
-from ctrctl.distributed.types import ParameterSharding, ShardingPlan, ShardingType
+from ctrctl.distributed.types import ParameterSharding, ShardingPlan
 from ctrctl.errors import PlanError, SparseInputError
 from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
+from ctrctl.names import ShardingType
 from ctrctl.sparse.jagged_tensor import KeyedJaggedTensor
 from ctrctl.sparse.keyed_tensor import KeyedTensor
 from ctrctl.sparse.ops import permute_2d_sparse

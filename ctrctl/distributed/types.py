@@ -24,36 +24,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from ctrctl.errors import FormatError, PlanError
+from ctrctl.names import ComputeKernel, ShardingType
 
 PLAN_FORMAT = "ctrctl.plan"
 PLAN_FORMAT_VERSION = 1
-
-
-class ShardingType(str, Enum):
-    DATA_PARALLEL = "data_parallel"
-    TABLE_WISE = "table_wise"
-    ROW_WISE = "row_wise"
-    COLUMN_WISE = "column_wise"
-    TABLE_ROW_WISE = "table_row_wise"
-    TABLE_COLUMN_WISE = "table_column_wise"
-
-
-class ComputeKernel(str, Enum):
-    #: DP: a plain dense table, gradients all-reduced.
-    DENSE = "dense"
-    #: Table-batched embedding with the optimizer fused into backward, weights on the device.
-    FUSED = "fused"
-    #: Weights in host memory, a cache of hot rows on the device (prefetched by the pipeline).
-    FUSED_UVM_CACHING = "fused_uvm_caching"
-    #: Weights in host memory, read directly.
-    FUSED_UVM = "fused_uvm"
-    #: Quantized inference kernels.
-    QUANT = "quant"
 
 
 def row_blocks(rows: int, n: int) -> list[tuple[int, int]]:

@@ -112,7 +112,7 @@ def training_run_id(checkpoint: Path | None) -> str | None:
         return None
     folders = [Path(checkpoint)]
     try:
-        from ctrctl.training.checkpoint import resolve_checkpoint
+        from ctrctl.checkpoint import resolve_checkpoint
 
         folders.insert(0, resolve_checkpoint(checkpoint))
     except Exception:  # noqa: BLE001 - an unknown layout simply records no run id
@@ -134,7 +134,7 @@ def training_run_id(checkpoint: Path | None) -> str | None:
 def recorded_dataset(checkpoint: Path) -> Path | None:
     """The dataset folder the checkpoint was trained on, when it records one that exists."""
     try:
-        from ctrctl.training.checkpoint import read_metadata
+        from ctrctl.checkpoint import read_metadata
 
         recorded = read_metadata(checkpoint).extra.get("dataset")
     except Exception:  # noqa: BLE001 - no usable record: the caller asks for --dataset

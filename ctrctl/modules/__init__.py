@@ -6,7 +6,7 @@ Example:
 """
 
 from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
-from ctrctl.modules.dlrm import DLRM, dlrm_from_manifest, dlrm_loss
+from ctrctl.modules.dlrm import DLRM, dlrm_loss
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
 from ctrctl.modules.interaction import DCNInteraction, DotInteraction, LowRankCrossNet
@@ -20,7 +20,6 @@ __all__ = [
     "DCNInteraction",
     "DotInteraction",
     "LowRankCrossNet",
-    "dlrm_from_manifest",
     "dlrm_loss",
     "EmbeddingBagCollection",
     "EmbeddingBagConfig",

@@ -33,14 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctrctl.data.manifest import DatasetManifest
 from ctrctl.errors import ConfigError
-from ctrctl.modules.batched_embedding import Backend
-from ctrctl.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
 from ctrctl.modules.interaction import DCNInteraction, DotInteraction
 from ctrctl.modules.mlp import MLP
-from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.sparse import KeyedJaggedTensor
 
 Interaction = Literal["dot", "dcn"]
@@ -222,61 +218,3 @@ class DLRM(nn.Module):
 def dlrm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean binary cross-entropy of logits (B,) against 0/1 labels (B,)."""
     return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
-
-
-def dlrm_from_manifest(
-    manifest: DatasetManifest,
-    embedding_dim: int,
-    dense_arch_layer_sizes: Sequence[int],
-    over_arch_layer_sizes: Sequence[int],
-    optimizer: EmbeddingOptimizerConfig | None = None,
-    interaction: Interaction | str = "dot",
-    dcn_num_layers: int = 3,
-    dcn_low_rank_dim: int = 512,
-    pooling: PoolingType = "sum",
-    device: torch.device | str | None = None,
-    backend: Backend | str = "auto",
-    seed: int | None = 0,
-    dense_autocast: bool = False,
-) -> DLRM:
-    """A DLRM for a preprocessed dataset: one table per sparse feature, named as the feature.
-
-    Args:
-        manifest: the dataset's manifest (dense features, sparse features and table sizes).
-        embedding_dim: D for every table; ``dense_arch_layer_sizes`` must end with it (a
-            dataset without dense features ignores them).
-        dense_arch_layer_sizes, over_arch_layer_sizes, interaction, dcn_*: see :class:`DLRM`.
-        optimizer: the fused embedding optimizer.
-        pooling: pooling of every table (multi-hot features use it).
-        device, backend, seed: see :class:`EmbeddingBagCollection`.
-
-    Example:
-        >>> model = dlrm_from_manifest(DatasetManifest.load("data/criteo"), 64,
-        ...                            [512, 256, 64], [512, 256, 1])
-    """
-    if not manifest.sparse:
-        raise ConfigError("the dataset has no sparse features", where="dlrm_from_manifest")
-    tables = [
-        EmbeddingBagConfig(
-            name=feature.name,  # one table per feature, named as the feature (plan.json too)
-            num_embeddings=feature.num_embeddings,
-            embedding_dim=embedding_dim,
-            feature_names=[feature.name],
-            pooling=pooling,
-        )
-        for feature in manifest.sparse
-    ]
-    ebc = EmbeddingBagCollection(
-        tables, optimizer=optimizer, device=device, backend=backend, seed=seed
-    )
-    model = DLRM(
-        ebc,
-        dense_in_features=len(manifest.dense),
-        dense_arch_layer_sizes=dense_arch_layer_sizes,
-        over_arch_layer_sizes=over_arch_layer_sizes,
-        interaction=interaction,
-        dcn_num_layers=dcn_num_layers,
-        dcn_low_rank_dim=dcn_low_rank_dim,
-        dense_autocast=dense_autocast,
-    )
-    return model.to(device or "cpu")

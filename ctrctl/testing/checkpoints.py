@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from ctrctl.training.checkpoint import TableShard, save_checkpoint
+from ctrctl.checkpoint import TableShard, save_checkpoint
 
 
 def full_tables(seed: int = 0) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:

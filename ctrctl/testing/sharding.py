@@ -30,8 +30,8 @@ from ctrctl.distributed.checkpoint import gather_table_weights
 from ctrctl.distributed.default_plan import forced_plan
 from ctrctl.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from ctrctl.distributed.sharding.common import TableSpec
-from ctrctl.distributed.types import ShardingType
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
+from ctrctl.names import ShardingType
 from ctrctl.sparse.jagged_tensor import KeyedJaggedTensor
 
 

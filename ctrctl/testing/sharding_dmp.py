@@ -27,6 +27,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
+from ctrctl import checkpoint as ckpt
+from ctrctl.checkpoint import format as checkpoint_format
 from ctrctl.distributed import comm
 from ctrctl.distributed.checkpoint import gather_table_weights, load_sharded, save_sharded
 from ctrctl.distributed.default_plan import forced_plan
@@ -35,7 +37,6 @@ from ctrctl.distributed.processes import free_port
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.testing.sharding import DENSE_IN, Batch, _say, golden_tables, make_batches
-from ctrctl.training import checkpoint as ckpt
 
 LR = 0.05
 
@@ -280,6 +281,6 @@ def kill_in_checkpoint_body(rank: int, world_size: int, folder: str, victim: int
     plan = forced_plan(model.ebc.embedding_bag_configs(), world_size, "row_wise")
     dmp = DistributedModelParallel(model, plan)
     if rank == victim:
-        ckpt._gather_pieces = lambda *a, **k: os._exit(9)  # type: ignore[assignment]
+        checkpoint_format._gather_pieces = lambda *a, **k: os._exit(9)  # type: ignore[assignment]
     _start_clock()
     save_sharded(Path(folder), 7, dmp, {}, {}, {"epoch": 0}, {})

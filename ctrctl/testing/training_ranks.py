@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
+from ctrctl import checkpoint as ckpt
 from ctrctl.config import load_config
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.distributed.checkpoint import gather_table_weights
 from ctrctl.distributed.types import ShardingPlan
-from ctrctl.training import checkpoint as ckpt
 from ctrctl.training import model as model_io
 from ctrctl.training.loop import train
 

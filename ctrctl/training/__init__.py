@@ -1,4 +1,6 @@
-"""Training: the loop, checkpoints and resume, prediction from a checkpoint, torchrun launch.
+"""Training: the loop and resume, prediction from a checkpoint, torchrun launch.
+
+The checkpoint format itself is :mod:`ctrctl.checkpoint`.
 
 Example:
     >>> from ctrctl.config import load_config
@@ -8,29 +10,13 @@ Example:
     ...     ...
 """
 
-from ctrctl.training.checkpoint import (
-    TableShard,
-    export_table_weights,
-    import_table_weights,
-    load_table_shards,
-    read_metadata,
-    resolve_checkpoint,
-    save_checkpoint,
-)
 from ctrctl.training.loop import TrainResult, evaluate_model, train
 from ctrctl.training.predict import load_model, predict_split
 
 __all__ = [
-    "TableShard",
     "TrainResult",
     "evaluate_model",
-    "export_table_weights",
-    "import_table_weights",
     "load_model",
-    "load_table_shards",
     "predict_split",
-    "read_metadata",
-    "resolve_checkpoint",
-    "save_checkpoint",
     "train",
 ]

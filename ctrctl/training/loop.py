@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ctrctl import checkpoint as ckpt
 from ctrctl.config import PipelineConfig
 from ctrctl.data.dataset import BatchLoader, LoaderPosition
 from ctrctl.data.manifest import DatasetManifest
@@ -40,7 +41,6 @@ from ctrctl.errors import CheckpointError, ConfigError, OutputExistsError
 from ctrctl.io import write_json_atomic
 from ctrctl.progress import Progress
 from ctrctl.tracking import Run, Tracker
-from ctrctl.training import checkpoint as ckpt
 from ctrctl.training import model as model_io
 from ctrctl.training.optimizers import dense_optimizer
 
@@ -102,7 +102,7 @@ def evaluate_model(
     With ``world_size > 1`` every rank scores its slice and the labels and scores are
     gathered so every rank returns the same numbers.
     """
-    from ctrctl.evaluation.metrics import log_loss, roc_auc
+    from ctrctl.metrics import log_loss, roc_auc
 
     was_training = model.training
     model.eval()

@@ -4,7 +4,7 @@ Everything the loop, checkpoints and prediction need from a model goes through h
 building a DLRM from the config and the manifest, wrapping it for several ranks
 (:func:`wrap_model`, the single integration point with DistributedModelParallel), and moving
 table and dense state in and out of checkpoints. An unsharded model and a sharded one look
-the same from outside: a list of table blocks (:class:`~ctrctl.training.checkpoint.TableShard`)
+the same from outside: a list of table blocks (:class:`~ctrctl.checkpoint.TableShard`)
 plus a dense state dict.
 
 Example:
@@ -14,23 +14,28 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from ctrctl import checkpoint as ckpt
 from ctrctl.config import PipelineConfig
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.distributed.types import ShardingPlan
 from ctrctl.errors import CheckpointError, ConfigError
-from ctrctl.modules import EmbeddingBagCollection
-from ctrctl.training import checkpoint as ckpt
+from ctrctl.modules import DLRM, EmbeddingBagCollection, EmbeddingBagConfig
+from ctrctl.modules.batched_embedding import Backend
+from ctrctl.modules.dlrm import Interaction
+from ctrctl.modules.embedding_configs import PoolingType
+from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.training.optimizers import EMBEDDING_KINDS, embedding_optimizer
 
 __all__ = [
     "build_model",
+    "dlrm_from_manifest",
     "dense_parameters",
     "dense_state",
     "load_dense_state",
@@ -56,8 +61,6 @@ def build_model(config: PipelineConfig, manifest: DatasetManifest,
     first for a repeatable run). A dataset without dense features gets no dense arch
     (``model.dense_arch`` is ignored).
     """
-    from ctrctl.modules import dlrm_from_manifest
-
     m = config.model
     if not manifest.sparse:
         raise ConfigError("the dataset has no sparse features to embed",
@@ -80,6 +83,64 @@ def build_model(config: PipelineConfig, manifest: DatasetManifest,
         seed=config.training.seed,
         dense_autocast=config.training.bf16,
     )
+
+
+def dlrm_from_manifest(
+    manifest: DatasetManifest,
+    embedding_dim: int,
+    dense_arch_layer_sizes: Sequence[int],
+    over_arch_layer_sizes: Sequence[int],
+    optimizer: EmbeddingOptimizerConfig | None = None,
+    interaction: Interaction | str = "dot",
+    dcn_num_layers: int = 3,
+    dcn_low_rank_dim: int = 512,
+    pooling: PoolingType = "sum",
+    device: torch.device | str | None = None,
+    backend: Backend | str = "auto",
+    seed: int | None = 0,
+    dense_autocast: bool = False,
+) -> DLRM:
+    """A DLRM for a preprocessed dataset: one table per sparse feature, named as the feature.
+
+    Args:
+        manifest: the dataset's manifest (dense features, sparse features and table sizes).
+        embedding_dim: D for every table; ``dense_arch_layer_sizes`` must end with it (a
+            dataset without dense features ignores them).
+        dense_arch_layer_sizes, over_arch_layer_sizes, interaction, dcn_*: see :class:`DLRM`.
+        optimizer: the fused embedding optimizer.
+        pooling: pooling of every table (multi-hot features use it).
+        device, backend, seed: see :class:`EmbeddingBagCollection`.
+
+    Example:
+        >>> model = dlrm_from_manifest(DatasetManifest.load("data/criteo"), 64,
+        ...                            [512, 256, 64], [512, 256, 1])
+    """
+    if not manifest.sparse:
+        raise ConfigError("the dataset has no sparse features", where="dlrm_from_manifest")
+    tables = [
+        EmbeddingBagConfig(
+            name=feature.name,  # one table per feature, named as the feature (plan.json too)
+            num_embeddings=feature.num_embeddings,
+            embedding_dim=embedding_dim,
+            feature_names=[feature.name],
+            pooling=pooling,
+        )
+        for feature in manifest.sparse
+    ]
+    ebc = EmbeddingBagCollection(
+        tables, optimizer=optimizer, device=device, backend=backend, seed=seed
+    )
+    model = DLRM(
+        ebc,
+        dense_in_features=len(manifest.dense),
+        dense_arch_layer_sizes=dense_arch_layer_sizes,
+        over_arch_layer_sizes=over_arch_layer_sizes,
+        interaction=interaction,
+        dcn_num_layers=dcn_num_layers,
+        dcn_low_rank_dim=dcn_low_rank_dim,
+        dense_autocast=dense_autocast,
+    )
+    return model.to(device or "cpu")
 
 
 def wrap_model(model: nn.Module, plan: ShardingPlan | None, process_group: Any) -> nn.Module:

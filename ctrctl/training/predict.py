@@ -15,11 +15,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from ctrctl import checkpoint as ckpt
 from ctrctl.config import PipelineConfig, parse_config
 from ctrctl.data.dataset import BatchLoader
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.errors import CheckpointError
-from ctrctl.training import checkpoint as ckpt
 from ctrctl.training import model as model_io
 
 __all__ = ["load_model", "predict_split"]

@@ -14,10 +14,10 @@ from ctrctl.modules import (
     EmbeddingBagConfig,
     EmbeddingOptimizerConfig,
     LowRankCrossNet,
-    dlrm_from_manifest,
     dlrm_loss,
 )
 from ctrctl.sparse import KeyedJaggedTensor
+from ctrctl.training.model import dlrm_from_manifest
 
 DIM = 8
 

@@ -8,10 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ctrctl.distributed.processes import run_multiprocess
-from ctrctl.errors import CheckpointError, FormatError
-from ctrctl.testing.checkpoints import full_tables, save_row_wise
-from ctrctl.training.checkpoint import (
+from ctrctl.checkpoint import (
     TableShard,
     export_table_weights,
     import_table_weights,
@@ -23,6 +20,9 @@ from ctrctl.training.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from ctrctl.distributed.processes import run_multiprocess
+from ctrctl.errors import CheckpointError, FormatError
+from ctrctl.testing.checkpoints import full_tables, save_row_wise
 
 
 def _save(folder: Path, step: int, shards: list[TableShard]) -> Path:

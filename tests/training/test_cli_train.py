@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ctrctl import checkpoint as ckpt
 from ctrctl.testing.datasets import SyntheticDataset, make_dataset
-from ctrctl.training import checkpoint as ckpt
 from ctrctl.training.predict import predict_split
 
 ROOT = Path(__file__).resolve().parents[2]

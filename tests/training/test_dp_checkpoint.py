@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import torch
 
+from ctrctl import checkpoint as ckpt
 from ctrctl.config import load_config
 from ctrctl.distributed.default_plan import forced_plan
 from ctrctl.distributed.processes import run_multiprocess
 from ctrctl.testing.datasets import make_dataset
 from ctrctl.testing.training_ranks import train_body
-from ctrctl.training import checkpoint as ckpt
 from ctrctl.training import model as model_io
 from ctrctl.training.predict import load_model
 

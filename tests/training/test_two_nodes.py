@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 import torch
 
+from ctrctl import checkpoint as ckpt
 from ctrctl.config import load_config
 from ctrctl.distributed.default_plan import forced_plan
 from ctrctl.distributed.processes import free_port
 from ctrctl.testing.datasets import make_dataset
-from ctrctl.training import checkpoint as ckpt
 from ctrctl.training import model as model_io
 
 BATCH = 256

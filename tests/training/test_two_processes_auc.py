@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ctrctl import checkpoint as ckpt
 from ctrctl.config import load_config
 from ctrctl.data.preprocess import preprocess
-from ctrctl.evaluation.metrics import roc_auc
-from ctrctl.training import checkpoint as ckpt
+from ctrctl.metrics import roc_auc
 from ctrctl.training.loop import train
 from ctrctl.training.predict import predict_split
 

@@ -1,9 +1,10 @@
 """The sharding planner: choose a sharding type, kernel and ranks for every table.
 
-Pure (no processes, no devices): tables + topology + constraints -> cost model -> search ->
-:class:`ctrctl.distributed.types.ShardingPlan` (``plan.json``). See ``planner.py`` for the
-pipeline, ``estimators.py`` for the cost model, ``calibration.py`` for measuring this
-machine.
+Pure (no processes, no devices, no tracking): tables + topology + constraints -> cost model
+-> search -> :class:`ctrctl.distributed.types.ShardingPlan` (``plan.json``). See
+``planner.py`` for the pipeline and ``estimators.py`` for the cost model; measuring this
+machine (calibration) and the ``ctrctl plan`` step around the planner are in
+:mod:`ctrctl.planning`.
 
 Example:
     >>> from ctrctl.distributed.planner import EmbeddingShardingPlanner, TableSpec, Topology
@@ -15,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-from ctrctl.distributed.planner.calibration import calibrate
 from ctrctl.distributed.planner.capacity import (
     SweepPoint,
     smallest_world_size,
@@ -27,7 +27,6 @@ from ctrctl.distributed.planner.planner import (
     plan_tables,
     rate_plan,
 )
-from ctrctl.distributed.planner.request import PlanOutcome, PlanRequest, run_plan
 from ctrctl.distributed.planner.stats import plan_summary, rank_rows, table_rows
 from ctrctl.distributed.planner.tables import (
     tables_from_dict,
@@ -39,20 +38,16 @@ from ctrctl.distributed.planner.types import ShardingOption, TableConstraints, T
 
 __all__ = [
     "EmbeddingShardingPlanner",
-    "PlanOutcome",
-    "PlanRequest",
     "PlanResult",
     "ShardingOption",
     "SweepPoint",
     "TableConstraints",
     "TableSpec",
     "Topology",
-    "calibrate",
     "plan_summary",
     "plan_tables",
     "rank_rows",
     "rate_plan",
-    "run_plan",
     "smallest_world_size",
     "sweep_world_sizes",
     "table_rows",

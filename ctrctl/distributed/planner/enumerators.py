@@ -20,7 +20,8 @@ import numpy as np
 from ctrctl.distributed.planner.estimators import price_kernels
 from ctrctl.distributed.planner.topology import Topology
 from ctrctl.distributed.planner.types import Enumerator, ShardingOption, TableSpec
-from ctrctl.distributed.types import ComputeKernel, ShardingType, row_blocks
+from ctrctl.distributed.types import row_blocks
+from ctrctl.names import ComputeKernel, ShardingType
 
 #: Kernels that train, fastest first, per device.
 _TRAIN_KERNELS = {

@@ -49,7 +49,7 @@ import numpy as np
 
 from ctrctl.distributed.planner.topology import Topology
 from ctrctl.distributed.planner.types import INDEX_BYTES, OPTIMIZER_STATE, ShardingOption
-from ctrctl.distributed.types import ComputeKernel, ShardingType
+from ctrctl.names import ComputeKernel, ShardingType
 
 #: Batches whose input/output buffers are alive at once in the train pipeline.
 PIPELINE_DEPTH = 2

@@ -33,8 +33,9 @@ from ctrctl.distributed.planner.proposers import (
 )
 from ctrctl.distributed.planner.topology import GIB, Topology
 from ctrctl.distributed.planner.types import Placement, ShardingOption, TableSpec
-from ctrctl.distributed.types import ComputeKernel, ParameterSharding, ShardingPlan, ShardMetadata
+from ctrctl.distributed.types import ParameterSharding, ShardingPlan, ShardMetadata
 from ctrctl.errors import PlanError
+from ctrctl.names import ComputeKernel
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from ctrctl.distributed.planner.estimators import step_overhead
 from ctrctl.distributed.planner.partitioners import RankState, best_placement
 from ctrctl.distributed.planner.topology import Topology
 from ctrctl.distributed.planner.types import Placement, Proposer, ShardingOption
-from ctrctl.distributed.types import ShardingType
+from ctrctl.names import ShardingType
 
 logger = logging.getLogger(__name__)
 

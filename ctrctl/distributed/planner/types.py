@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ctrctl.distributed.types import ComputeKernel, ShardingType
 from ctrctl.errors import PlanError
+from ctrctl.names import ComputeKernel, ShardingType
 
 #: Bytes per element of the table's data type.
 DATA_TYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}

@@ -24,8 +24,9 @@ from torch import nn
 from ctrctl.distributed import comm
 from ctrctl.distributed.sharding.base import EmbeddingSharding, LocalShard
 from ctrctl.distributed.sharding.common import TableSpec
-from ctrctl.distributed.types import ParameterSharding, ShardingType, ShardMetadata
+from ctrctl.distributed.types import ParameterSharding, ShardMetadata
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
+from ctrctl.names import ShardingType
 
 
 class DpSharding(EmbeddingSharding):

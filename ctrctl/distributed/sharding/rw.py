@@ -13,8 +13,8 @@ Example:
 from __future__ import annotations
 
 from ctrctl.distributed.sharding.routed import RoutedSharding
-from ctrctl.distributed.types import ShardingType
 from ctrctl.errors import PlanError
+from ctrctl.names import ShardingType
 
 
 class RwSharding(RoutedSharding):

@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 from ctrctl.distributed.sharding.cw import CwSharding
-from ctrctl.distributed.types import ShardingType
+from ctrctl.names import ShardingType
 
 
 class TwcwSharding(CwSharding):

@@ -28,9 +28,10 @@ from ctrctl.distributed import comm
 from ctrctl.distributed.sharding.common import TableSpec
 from ctrctl.distributed.sharding.routed import _place_columns
 from ctrctl.distributed.sharding.rw import RwSharding
-from ctrctl.distributed.types import ParameterSharding, ShardingType
+from ctrctl.distributed.types import ParameterSharding
 from ctrctl.errors import PlanError
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
+from ctrctl.names import ShardingType
 
 
 class TwrwSharding(RwSharding):

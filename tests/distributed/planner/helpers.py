@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ctrctl.distributed.planner import PlanResult, TableSpec, Topology
-from ctrctl.distributed.types import ShardingType
+from ctrctl.names import ShardingType
 
 GIB = 1024**3
 

@@ -32,7 +32,7 @@ def _measured() -> dict[str, Any]:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    from ctrctl.distributed.planner.calibration import calibrate
+    from ctrctl.planning.calibration import calibrate
 
     return module.check(calibrate(None, quick=True), quick=True)
 

@@ -20,8 +20,9 @@ from ctrctl.distributed.planner.enumerators import EmbeddingEnumerator
 from ctrctl.distributed.planner.estimators import step_overhead
 from ctrctl.distributed.planner.partitioners import GreedyPartitioner
 from ctrctl.distributed.planner.suites import criteo_1tb, few_huge_many_small, skewed, uniform
-from ctrctl.distributed.types import ShardingPlan, ShardingType
+from ctrctl.distributed.types import ShardingPlan
 from ctrctl.errors import PlanError
+from ctrctl.names import ShardingType
 
 from .helpers import assert_plan_respects
 

@@ -12,8 +12,8 @@ from ctrctl.distributed.planner import (
     TableSpec,
     Topology,
 )
-from ctrctl.distributed.types import ShardingType
 from ctrctl.errors import PlanError
+from ctrctl.names import ShardingType
 
 from .helpers import assert_plan_respects
 

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from ctrctl.distributed.planner import EmbeddingShardingPlanner, TableSpec, Topology
-from ctrctl.distributed.planner.calibration import (
+from ctrctl.names import ShardingType
+from ctrctl.planning.calibration import (
     _solve_increasing,
     calibrate,
     fit_latency_bandwidth,
     measure_kernels,
 )
-from ctrctl.distributed.types import ShardingType
 
 
 def test_kernel_measurement_is_positive_and_finite() -> None:

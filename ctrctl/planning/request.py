@@ -33,8 +33,8 @@ from ctrctl.distributed.planner.tables import (
 )
 from ctrctl.distributed.planner.topology import GIB, Topology
 from ctrctl.distributed.planner.types import TableSpec
-from ctrctl.distributed.types import ShardingType
 from ctrctl.errors import ConfigError, OutputExistsError
+from ctrctl.names import ShardingType
 from ctrctl.tracking import Tracker
 
 logger = logging.getLogger(__name__)

@@ -346,11 +346,11 @@ def measure_sharding_types(topology: Topology, steps: int = 10, rounds: int = 2,
     Args:
         topology: the measured kernel, memory and collective figures (two ranks, one host).
     """
-    from ctrctl.distributed.planner.measure import measure_many_body, table_payload
     from ctrctl.distributed.planner.planner import EmbeddingShardingPlanner, rate_plan
     from ctrctl.distributed.planner.types import TableConstraints
     from ctrctl.distributed.processes import run_multiprocess
-    from ctrctl.distributed.types import ShardingType
+    from ctrctl.names import ShardingType
+    from ctrctl.planning.measure import measure_many_body, table_payload
 
     dp = ShardingType.DATA_PARALLEL.value
     tiny_topo = Topology.preset("cpu", 2, 2)
