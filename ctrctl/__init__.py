@@ -17,11 +17,16 @@ Example:
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import Any
 
 from ctrctl.errors import CtrctlError
 
-__version__ = "0.1.0"
+try:
+    #: The installed distribution's version: pyproject.toml is the one place it is written.
+    __version__ = importlib.metadata.version("ctrctl")
+except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
+    __version__ = "0+unknown"
 
 #: public name -> module that defines it
 _EXPORTS: dict[str, str] = {

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import ctrctl
 
@@ -32,3 +35,12 @@ def test_import_is_light_and_side_effect_free(tmp_path) -> None:
                          text=True, check=True)
     assert out.stdout.strip() == ""
     assert list(tmp_path.iterdir()) == []
+
+
+
+def test_version_comes_from_the_installed_metadata() -> None:
+    # pyproject.toml is the one place the version is written (tomllib is 3.11+: a regex).
+    text = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    written = re.search(r'^version = "([^"]+)"', text, re.M)
+    assert written is not None
+    assert ctrctl.__version__ == importlib.metadata.version("ctrctl") == written.group(1)
