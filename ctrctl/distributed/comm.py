@@ -474,17 +474,6 @@ def reduce_scatter_rows(
     return _ReduceScatterRows.apply(partial, list(batch_per_rank), group, grad_scale)
 
 
-def all_gather_sizes(value: int, group: ProcessGroup | None = None) -> list[int]:
-    """Every rank's integer ``value`` (e.g. its local batch size)."""
-    world = dist.get_world_size(group)
-    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
-    out = torch.zeros(world, dtype=torch.int64, device=device)
-    with collective("all-gather of sizes"):
-        _all_gather_tensor(out, torch.tensor([value], dtype=torch.int64, device=device),
-                           group=group)
-    return out.tolist()
-
-
 def all_reduce_(tensor: torch.Tensor, group: ProcessGroup | None = None,
                 average: bool = False) -> torch.Tensor:
     """In-place all-reduce (sum, or mean with ``average``) inside :func:`collective`."""

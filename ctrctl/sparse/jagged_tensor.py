@@ -18,8 +18,9 @@ For keys ``f1``, ``f2`` and a batch of 3::
 Optional ``weights`` (one float per value) ride beside ``values`` (weighted pooling).
 A variable batch per key (``stride_per_key_per_rank``: each key may hold a different number of
 bags, per source rank) is carried by the type; ``inverse_indices`` maps deduplicated bags back
-to the batch. Construction does cheap shape checks only; :meth:`KeyedJaggedTensor.validate`
-checks every value (a few vectorised passes, no per-value Python).
+to the batch. Construction does cheap shape checks only;
+:func:`ctrctl.sparse.validation.validate_keyed_jagged` checks every value (a few vectorised
+passes, no per-value Python).
 
 Example:
     >>> kjt = KeyedJaggedTensor.from_lengths_sync(
@@ -28,7 +29,7 @@ Example:
     ...     lengths=torch.tensor([2, 0, 1, 1, 3, 1]),
     ... )
     >>> kjt["f2"].to_dense()      # [tensor([1]), tensor([4, 4, 9]), tensor([3])]
-    >>> kjt.validate({"f1": 10, "f2": 10})
+    >>> validate_keyed_jagged(kjt, {"f1": 10, "f2": 10})
 """
 
 from __future__ import annotations
@@ -588,26 +589,6 @@ class KeyedJaggedTensor:
         for t in (self._values, self._weights, self._lengths, self._offsets):
             if t is not None:
                 t.record_stream(stream)
-
-    # ---- validation ---------------------------------------------------------------------
-
-    def validate(self, num_embeddings: Mapping[str, int] | None = None) -> None:
-        """Check every length, offset and id; raise SparseInputError naming key and position.
-
-        Args:
-            num_embeddings: rows of the table each key looks up; ids must lie in
-                ``[0, num_embeddings[key])``. Keys not in the mapping are only checked for
-                negative ids.
-
-        Example:
-            >>> kjt.validate({"C1": 100_000, "C2": 39_060})
-        """
-        from ctrctl.sparse.validation import validate_keyed_jagged
-
-        validate_keyed_jagged(self, num_embeddings)
-        # The cached per-key counts may predate the checks: recompute them from checked data.
-        self._length_per_key = None
-        self._offset_per_key = None
 
     def __repr__(self) -> str:
         return (

@@ -46,8 +46,15 @@ def validate_keyed_jagged(
 
     Args:
         kjt: the batch to check.
-        num_embeddings: table rows per key; ids of a listed key must be in [0, rows).
+        num_embeddings: table rows per key; ids of a listed key must be in [0, rows). Keys
+            not in the mapping are only checked for negative ids.
     """
+    _check(kjt, num_embeddings)
+    # The cached per-key counts may predate the checks: recompute them from checked data.
+    kjt.sync()
+
+
+def _check(kjt: KeyedJaggedTensor, num_embeddings: Mapping[str, int] | None) -> None:
     offsets = kjt.offsets_or_none()
     given_lengths = kjt.lengths_or_none()
     if offsets is not None:

@@ -41,16 +41,9 @@ __all__ = [
     "load_dense_state",
     "load_tables",
     "table_info",
-    "table_name",
     "table_shards",
     "wrap_model",
 ]
-
-
-def table_name(feature: str) -> str:
-    """The embedding table of a sparse feature: one table per feature, named as the feature,
-    so plan.json, constraints and checkpoints all speak of ``C1`` rather than a derived name."""
-    return feature
 
 
 def build_model(config: PipelineConfig, manifest: DatasetManifest,

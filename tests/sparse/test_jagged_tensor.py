@@ -9,6 +9,7 @@ import torch
 
 from ctrctl.errors import SparseInputError
 from ctrctl.sparse import JaggedTensor, KeyedJaggedTensor, KeyedTensor, ops
+from ctrctl.sparse.validation import validate_keyed_jagged
 
 # The batch drawn in the module docstring of ctrctl/sparse/jagged_tensor.py.
 KEYS = ["f1", "f2"]
@@ -218,44 +219,44 @@ def test_lengths_that_do_not_sum_to_values() -> None:
         )
     lazy = KeyedJaggedTensor(KEYS, torch.tensor(VALUES), lengths=torch.tensor([2, 0, 1, 1, 2, 1]))
     with pytest.raises(SparseInputError, match="add up to 7 values"):
-        lazy.validate()
+        validate_keyed_jagged(lazy)
 
 
 def test_negative_length_names_key_and_sample() -> None:
     kjt = KeyedJaggedTensor(KEYS, torch.tensor(VALUES), lengths=torch.tensor([2, 0, 1, 1, 5, -1]))
     with pytest.raises(SparseInputError, match=r"key 'f2', sample 2: negative length -1"):
-        kjt.validate()
+        validate_keyed_jagged(kjt)
 
 
 def test_non_monotone_offsets_name_key_and_sample() -> None:
     kjt = KeyedJaggedTensor(KEYS, torch.tensor(VALUES), offsets=torch.tensor([0, 2, 2, 3, 4, 2, 8]))
     with pytest.raises(SparseInputError, match=r"key 'f2', sample 1: offsets decrease from 4 to 2"):
-        kjt.validate()
+        validate_keyed_jagged(kjt)
     shifted = KeyedJaggedTensor(
         KEYS, torch.tensor(VALUES), offsets=torch.tensor([1, 2, 2, 3, 4, 7, 8])
     )
     with pytest.raises(SparseInputError, match="offsets start at 1"):
-        shifted.validate()
+        validate_keyed_jagged(shifted)
 
 
 def test_id_out_of_range_names_key_sample_and_value() -> None:
     kjt = docstring_kjt()
-    kjt.validate({"f1": 8, "f2": 10})
+    validate_keyed_jagged(kjt, {"f1": 8, "f2": 10})
     with pytest.raises(
         SparseInputError, match=r"key 'f2', sample 1, value 6: id 9 is outside \[0, 9\)"
     ):
-        kjt.validate({"f1": 8, "f2": 9})
+        validate_keyed_jagged(kjt, {"f1": 8, "f2": 9})
     with pytest.raises(
         SparseInputError, match=r"key 'f1', sample 0, value 0: id 7 is outside \[0, 7\)"
     ):
-        kjt.validate({"f1": 7})
+        validate_keyed_jagged(kjt, {"f1": 7})
 
 
 def test_negative_id_names_key_sample_and_value() -> None:
     values = torch.tensor([7, 2, 5, 1, 4, -4, 9, 3])
     kjt = KeyedJaggedTensor.from_lengths_sync(KEYS, values, torch.tensor(LENGTHS))
     with pytest.raises(SparseInputError, match=r"key 'f2', sample 1, value 5: id -4 is outside"):
-        kjt.validate()
+        validate_keyed_jagged(kjt)
 
 
 def test_shape_and_dtype_errors() -> None:

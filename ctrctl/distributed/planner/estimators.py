@@ -346,8 +346,3 @@ def slowest_rank_time(rank_cost: np.ndarray, topology: Topology) -> float:
     comms = hosts[:, :, 2:].sum(axis=(1, 2)) / local
     return max(slowest, float((compute + comms).max()))
 
-
-def lower_bound_step_time(options: list[list[ShardingOption]], world_size: int) -> float:
-    """No plan is faster than the cheapest total work spread perfectly over the ranks."""
-    total = sum(min((o.total_cost for o in opts), default=0.0) for opts in options)
-    return total / max(world_size, 1) if math.isfinite(total) else math.inf

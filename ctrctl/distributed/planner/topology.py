@@ -200,10 +200,6 @@ class Topology:
                                         else world_size)
         return cls(world_size=world_size, local_world_size=local, **values)
 
-    @staticmethod
-    def preset_names() -> list[str]:
-        return sorted(_PRESETS)
-
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["format"] = TOPOLOGY_FORMAT
