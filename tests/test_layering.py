@@ -14,6 +14,7 @@ The README's Layout section states the same table.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -278,6 +279,26 @@ def test_the_planner_is_pure(graph: Graph) -> None:
                     if any(name == f or name.startswith(f + ".")
                            for f in PLANNER_FORBIDDEN_EXTERNAL)]
     assert bad == []
+
+
+def readme_table(text: str) -> dict[str, frozenset[str]]:
+    """The allowed-imports table of the README's Layout section, as :data:`ALLOWED`."""
+    start = text.index("| package | may import |")
+    table: dict[str, frozenset[str]] = {}
+    for row in text[start:].split("\n\n", 1)[0].splitlines()[2:]:
+        packages, allowed = (cell.strip() for cell in row.strip("|").split("|"))
+        names = frozenset(re.findall(r"`([^`]+)`", allowed))
+        for package in re.findall(r"`([^`]+)`", packages):
+            table[package] = names
+    return table
+
+
+def test_the_readme_states_the_same_table() -> None:
+    readme = (ROOT.parent / "README.md").read_text()
+    assert readme_table(readme) == ALLOWED
+    # the parser reads a changed row as changed
+    assert readme_table(readme.replace("| `config` | `errors`, `names` |",
+                                       "| `config` | `errors`, `names`, `data` |")) != ALLOWED
 
 
 # ---- the checker itself flags what it should ------------------------------------------------
