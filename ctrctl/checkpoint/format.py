@@ -50,25 +50,6 @@ from ctrctl.io import (
     write_text_atomic,
 )
 
-__all__ = [
-    "CHECKPOINT_FORMAT",
-    "CheckpointMetadata",
-    "Piece",
-    "TableShard",
-    "export_table_weights",
-    "import_table_weights",
-    "latest_checkpoint",
-    "load_dense",
-    "load_rng_state",
-    "load_table_shards",
-    "load_trainer_state",
-    "read_metadata",
-    "resolve_checkpoint",
-    "restore_rng_state",
-    "save_checkpoint",
-    "step_dir_name",
-]
-
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "ctrctl.checkpoint"
@@ -223,69 +204,6 @@ def _rng_state() -> dict[str, torch.Tensor]:
     return state
 
 
-def _write_contents(
-    tmp: Path,
-    step: int,
-    table_shards: Sequence[TableShard],
-    dense_state: Mapping[str, torch.Tensor],
-    dense_optim_state: Mapping[str, Any],
-    trainer_state: Mapping[str, Any],
-    metadata: Mapping[str, Any],
-    rank: int,
-    world_size: int,
-    process_group: Any,
-) -> None:
-    """Write this rank's part of a checkpoint into the staging folder ``tmp``."""
-    pieces: list[dict[str, Any]] = []
-    counters: dict[str, int] = {}
-    for shard in table_shards:
-        i = counters.get(shard.table, 0)
-        counters[shard.table] = i + 1
-        rel = f"tables/{shard.table}/{rank}-{i}.safetensors"
-        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-        tensors = {"weight": shard.weight.detach().contiguous().cpu()}
-        tensors.update({f"state.{k}": v.detach().contiguous().cpu()
-                        for k, v in shard.optimizer_state.items()})
-        save_file(tensors, str(tmp / rel))
-        pieces.append({"file": rel, "rank": rank, "table": shard.table,
-                       "row_offset": shard.row_offset, "col_offset": shard.col_offset,
-                       "rows": shard.rows, "cols": shard.cols, "states": shard.state_kinds()})
-    (tmp / "rng").mkdir(exist_ok=True)
-    save_file(_rng_state(), str(tmp / "rng" / f"{rank}.safetensors"))
-    all_pieces = _gather_pieces(pieces, process_group, world_size)
-
-    if rank == 0:
-        save_file({k: v.detach().contiguous().cpu() for k, v in dense_state.items()},
-                  str(tmp / "dense.safetensors"))
-        torch.save(dict(dense_optim_state), tmp / "dense_optimizer.pt")
-        write_json_atomic(tmp / "trainer_state.json", dict(trainer_state))
-        tables: dict[str, dict[str, Any]] = {
-            name: {**dict(info), "pieces": []}
-            for name, info in dict(metadata.get("tables", {})).items()
-        }
-        for p in all_pieces:
-            entry = tables.setdefault(p["table"], {"pieces": []})
-            entry["pieces"].append({k: v for k, v in p.items() if k != "table"})
-        for entry in tables.values():
-            if "rows" not in entry or "dim" not in entry:
-                entry["rows"] = max(p["row_offset"] + p["rows"] for p in entry["pieces"])
-                entry["dim"] = max(p["col_offset"] + p["cols"] for p in entry["pieces"])
-            entry.setdefault("optimizer", None)
-        known = {"epoch", "plan", "manifest_hash", "config", "tables"}
-        write_json_atomic(tmp / "metadata.json", {
-            "format": CHECKPOINT_FORMAT,
-            "format_version": CHECKPOINT_VERSION,
-            "step": step,
-            "epoch": int(metadata.get("epoch", trainer_state.get("epoch", 0))),
-            "world_size": world_size,
-            "plan": metadata.get("plan"),
-            "manifest_hash": metadata.get("manifest_hash", ""),
-            "config": metadata.get("config", {}),
-            "tables": tables,
-            "extra": {k: v for k, v in metadata.items() if k not in known},
-        })
-
-
 def save_checkpoint(
     checkpoints: str | Path,
     step: int,
@@ -328,8 +246,54 @@ def save_checkpoint(
         tmp_name = stage_folder(final, overwrite=True).name
     tmp = checkpoints / _broadcast_name(tmp_name, process_group, world_size)
     try:
-        _write_contents(tmp, step, table_shards, dense_state, dense_optim_state, trainer_state,
-                        metadata, rank, world_size, process_group)
+        pieces: list[dict[str, Any]] = []
+        counters: dict[str, int] = {}
+        for shard in table_shards:
+            i = counters.get(shard.table, 0)
+            counters[shard.table] = i + 1
+            rel = f"tables/{shard.table}/{rank}-{i}.safetensors"
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            tensors = {"weight": shard.weight.detach().contiguous().cpu()}
+            tensors.update({f"state.{k}": v.detach().contiguous().cpu()
+                            for k, v in shard.optimizer_state.items()})
+            save_file(tensors, str(tmp / rel))
+            pieces.append({"file": rel, "rank": rank, "table": shard.table,
+                           "row_offset": shard.row_offset, "col_offset": shard.col_offset,
+                           "rows": shard.rows, "cols": shard.cols, "states": shard.state_kinds()})
+        (tmp / "rng").mkdir(exist_ok=True)
+        save_file(_rng_state(), str(tmp / "rng" / f"{rank}.safetensors"))
+        all_pieces = _gather_pieces(pieces, process_group, world_size)
+
+        if rank == 0:
+            save_file({k: v.detach().contiguous().cpu() for k, v in dense_state.items()},
+                      str(tmp / "dense.safetensors"))
+            torch.save(dict(dense_optim_state), tmp / "dense_optimizer.pt")
+            write_json_atomic(tmp / "trainer_state.json", dict(trainer_state))
+            tables: dict[str, dict[str, Any]] = {
+                name: {**dict(info), "pieces": []}
+                for name, info in dict(metadata.get("tables", {})).items()
+            }
+            for p in all_pieces:
+                entry = tables.setdefault(p["table"], {"pieces": []})
+                entry["pieces"].append({k: v for k, v in p.items() if k != "table"})
+            for entry in tables.values():
+                if "rows" not in entry or "dim" not in entry:
+                    entry["rows"] = max(p["row_offset"] + p["rows"] for p in entry["pieces"])
+                    entry["dim"] = max(p["col_offset"] + p["cols"] for p in entry["pieces"])
+                entry.setdefault("optimizer", None)
+            known = {"epoch", "plan", "manifest_hash", "config", "tables"}
+            write_json_atomic(tmp / "metadata.json", {
+                "format": CHECKPOINT_FORMAT,
+                "format_version": CHECKPOINT_VERSION,
+                "step": step,
+                "epoch": int(metadata.get("epoch", trainer_state.get("epoch", 0))),
+                "world_size": world_size,
+                "plan": metadata.get("plan"),
+                "manifest_hash": metadata.get("manifest_hash", ""),
+                "config": metadata.get("config", {}),
+                "tables": tables,
+                "extra": {k: v for k, v in metadata.items() if k not in known},
+            })
         _barrier(process_group, world_size)
     except BaseException:
         if rank == 0:

@@ -1,48 +1,7 @@
 """The exact metrics, as evaluation's modules import them: defined in :mod:`ctrctl.metrics`
 (below training, which validates with them)."""
 
-from ctrctl.metrics.functional import (
-    EPS,
-    MetricError,
-    ScoreGroups,
-    SortedRows,
-    auc_from_groups,
-    auc_tie_bound,
-    average_precision,
-    average_precision_from_groups,
-    binary_entropy,
-    calibration_from,
-    calibration_ratio,
-    check_inputs,
-    group_by_score,
-    groups_from_sorted,
-    log_loss,
-    logloss_sum,
-    normalized_entropy,
-    normalized_entropy_from,
-    roc_auc,
-    sort_rows,
-)
+from ctrctl import metrics as _metrics
+from ctrctl.metrics import *  # noqa: F403
 
-__all__ = [
-    "EPS",
-    "MetricError",
-    "ScoreGroups",
-    "SortedRows",
-    "auc_from_groups",
-    "auc_tie_bound",
-    "average_precision",
-    "average_precision_from_groups",
-    "binary_entropy",
-    "calibration_from",
-    "calibration_ratio",
-    "check_inputs",
-    "group_by_score",
-    "groups_from_sorted",
-    "log_loss",
-    "logloss_sum",
-    "normalized_entropy",
-    "normalized_entropy_from",
-    "roc_auc",
-    "sort_rows",
-]
+__all__ = list(_metrics.__all__)
