@@ -12,6 +12,7 @@ import torch
 
 from ctrctl.data.dataset import BatchLoader
 from ctrctl.errors import ConfigError, DatasetError
+from ctrctl.sparse.validation import validate_keyed_jagged
 from ctrctl.testing.datasets import SyntheticDataset, make_dataset
 
 
@@ -71,7 +72,7 @@ def test_batch_layout(ds: SyntheticDataset) -> None:
     lengths = kjt.lengths().view(4, 128)
     assert bool((lengths[[0, 2, 3]] == 1).all())
     assert kjt.values().dtype == torch.int64
-    kjt.validate({"C1": 50, "C2": 60, "C3": 70, "C4": 80})
+    validate_keyed_jagged(kjt, {"C1": 50, "C2": 60, "C3": 70, "C4": 80})
     moved = batch.to("cpu")
     torch.testing.assert_close(moved.dense, batch.dense)
 
