@@ -76,6 +76,10 @@ class DistributedError(CtrctlError):
     """A collective failed or another rank failed."""
 
 
+class TrackingError(CtrctlError):
+    """The MLflow tracking store or server cannot be used."""
+
+
 class GateError(CtrctlError):
     """An evaluation gate failed."""
 

@@ -35,7 +35,8 @@ TrackingUri = Annotated[
 ]
 NoTrack = Annotated[bool, typer.Option("--no-track", help="Do not track this step in MLflow.")]
 Experiment = Annotated[
-    str, typer.Option("--experiment", help="MLflow experiment name.")
+    str, typer.Option("--experiment", envvar="MLFLOW_EXPERIMENT_NAME",
+                      help="MLflow experiment name.")
 ]
 Overwrite = Annotated[
     bool, typer.Option("--overwrite", help="Replace an existing output instead of refusing.")

@@ -50,6 +50,7 @@ def train_command(
     from ctrctl.training.loop import train
 
     cfg = load_config(config, overrides or [])
+    tracker = tracker_from(no_track, tracking_uri, experiment)  # a dead server fails here
     if nproc_per_node * nnodes > 1:
         spec = TrainSpec(dataset=str(dataset), out=str(out), config=str(config) if config else None,
                          overrides=tuple(overrides or ()), resume=resume, overwrite=overwrite,
@@ -63,7 +64,7 @@ def train_command(
         return
     result = train(dataset, out, cfg, resume=resume, overwrite=overwrite,
                    plan=ShardingPlan.load(plan) if plan else None,
-                   tracker=tracker_from(no_track, tracking_uri, experiment),
+                   tracker=tracker,
                    progress=make_progress())
     table = Table(title=f"train: {result.step:,} steps, {result.samples_per_s:,.0f} samples/s")
     table.add_column("metric")
