@@ -81,9 +81,9 @@ class TrackingError(CtrctlError):
 
 
 class GateError(CtrctlError):
-    """An evaluation gate failed."""
+    """An evaluation gate failed (exit code 3: apart from usage errors, which exit 2)."""
 
-    exit_code = 2
+    exit_code = 3
 
 
 class EnvironmentMismatchError(CtrctlError):

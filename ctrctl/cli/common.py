@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 import sys
 from pathlib import Path
@@ -20,6 +21,32 @@ from rich.progress import Progress as RichProgressBar
 
 from ctrctl.progress import LogProgress, Progress
 from ctrctl.tracking import Tracker, make_tracker
+
+
+class OnBadRows(str, enum.Enum):
+    """What preprocess does with a malformed row."""
+
+    error = "error"
+    skip = "skip"
+
+
+class LogFormat(str, enum.Enum):
+    """Raw log formats ``ctrctl synth`` writes."""
+
+    criteo = "criteo"
+    avazu = "avazu"
+
+
+class DevicePreset(str, enum.Enum):
+    """Devices the planner knows: a CPU rank, TorchRec's GPU defaults, or a GPU model."""
+
+    cpu = "cpu"
+    cuda = "cuda"
+    a100_40 = "a100-40"
+    a100_80 = "a100-80"
+    h100 = "h100"
+    h200 = "h200"
+
 
 #: Human output goes to stderr; stdout is kept for machine-readable output (--json).
 console = Console(stderr=True)

@@ -75,7 +75,7 @@ def eval_command(
         "--segment-by", help="Also report metrics per value of this feature; repeatable.")] = None,
     gate: Annotated[list[str] | None, typer.Option(
         "--gate", help="Threshold such as auc>=0.70 or calibration=1.0+-0.05; repeatable. "
-        "A failed gate exits with code 2.")] = None,
+        "A failed gate exits with code 3.")] = None,
     save_predictions: Annotated[bool, typer.Option(
         "--save-predictions", help="Also write the evaluated labels and scores as Parquet.")] = False,
     no_baselines: Annotated[bool, typer.Option(

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from ctrctl.cli.common import (
     Experiment,
+    LogFormat,
     NoTrack,
     OutDir,
     Overwrite,
@@ -21,8 +22,8 @@ from ctrctl.cli.common import (
 
 def synth_command(
     out: OutDir,
-    format: Annotated[str, typer.Option("--format", "-f", help="Log format: criteo or avazu.")] = (
-        "criteo"
+    format: Annotated[LogFormat, typer.Option("--format", "-f", help="Log format.")] = (
+        LogFormat.criteo
     ),
     rows: Annotated[int, typer.Option(help="Total rows over all splits.")] = 100_000,
     seed: Annotated[int, typer.Option(help="Seed: the same arguments give the same bytes.")] = 0,
@@ -45,7 +46,7 @@ def synth_command(
     result = synthesize(
         out,
         rows=rows,
-        format=format,
+        format=format.value,
         seed=seed,
         splits=parse_assignments(split, float, "--split") if split else None,
         cardinalities=parse_assignments(cardinality, int, "--cardinality") or None,
