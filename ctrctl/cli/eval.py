@@ -87,7 +87,7 @@ def eval_command(
         help="Up to this many rows, AUC/PR-AUC/ECE are exact (sorted); beyond, binned.")] = 10_000_000,
     ece_bins: Annotated[int, typer.Option(help="Equal-mass bins for ECE and the diagram.")] = 20,
     nproc_per_node: Annotated[int, typer.Option(
-        "--nproc-per-node", help="Processes to score with (torchrun, gloo on CPU).")] = 1,
+        "--nproc-per-node", min=1, help="Processes to score with (torchrun, gloo on CPU).")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print metrics.json to stdout.")] = False,
     overwrite: Overwrite = False,
     tracking_uri: TrackingUri = None,

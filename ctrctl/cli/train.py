@@ -32,9 +32,9 @@ def train_command(
     plan: Annotated[Path | None, typer.Option(
         help="Sharding plan (plan.json) for several processes.")] = None,
     nproc_per_node: Annotated[int, typer.Option(
-        "--nproc-per-node", help="Processes on this node (1: train in this process).")] = 1,
-    nnodes: Annotated[int, typer.Option(help="Nodes taking part.")] = 1,
-    node_rank: Annotated[int, typer.Option(help="This node's index.")] = 0,
+        "--nproc-per-node", min=1, help="Processes on this node (1: train in this process).")] = 1,
+    nnodes: Annotated[int, typer.Option(min=1, help="Nodes taking part.")] = 1,
+    node_rank: Annotated[int, typer.Option(min=0, help="This node's index.")] = 0,
     rdzv_endpoint: Annotated[str | None, typer.Option(
         help="HOST:PORT every node meets at (several nodes).")] = None,
     overwrite: Overwrite = False,

@@ -76,6 +76,11 @@ def tables_from_manifest(manifest: DatasetManifest, embedding_dim: int,
             for f in manifest.sparse]
 
 
+#: Keys a tables YAML may have at its top.
+_TOP_KEYS = {"tables", "constraints", "embedding_dim", "num_embeddings_per_feature",
+             "pooling_factor", "data_type", "optimizer"}
+
+
 def tables_from_dict(data: dict[str, Any], where: str = "tables",
                      optimizer: str = "rowwise_adagrad") -> list[TableSpec]:
     """Tables from the parsed YAML (see the module docstring for the two forms)."""
@@ -84,6 +89,10 @@ def tables_from_dict(data: dict[str, Any], where: str = "tables",
                           where=where)
     by_name = {name: constraints_from_dict(c or {}, f"{where}: constraints.{name}")
                for name, c in (data.get("constraints") or {}).items()}
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown keys: {', '.join(map(str, unknown))}", where=where,
+                          hint=f"known: {', '.join(sorted(_TOP_KEYS))}")
     tables: list[TableSpec] = []
     try:
         if "tables" in data:
