@@ -56,6 +56,10 @@ class OutputExistsError(CtrctlError):
     """An output already exists and would be overwritten."""
 
 
+class OutputLocationError(CtrctlError):
+    """An output path cannot be written: it is a file, or its folder is not writable."""
+
+
 class FormatError(CtrctlError):
     """A versioned file (manifest, plan, checkpoint metadata) is invalid or of another version."""
 

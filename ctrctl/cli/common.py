@@ -68,7 +68,23 @@ Experiment = Annotated[
 Overwrite = Annotated[
     bool, typer.Option("--overwrite", help="Replace an existing output instead of refusing.")
 ]
-OutDir = Annotated[Path, typer.Option("--out", "-o", help="Output folder.")]
+def output_folder(value: Path | None) -> Path | None:
+    from ctrctl.io import check_output_location
+
+    return None if value is None else check_output_location(value)
+
+
+def output_file(value: Path | None) -> Path | None:
+    from ctrctl.io import check_output_location
+
+    return None if value is None else check_output_location(value, folder=False)
+
+
+OutDir = Annotated[Path, typer.Option("--out", "-o", callback=output_folder,
+                                      help="Output folder.")]
+#: An optional output file (checked like OutDir: its folder must be writable).
+OutFile = Annotated[Path | None, typer.Option("--out", "-o", callback=output_file,
+                                              help="Output file.")]
 
 
 def tracker_from(no_track: bool, tracking_uri: str | None, experiment: str) -> Tracker:

@@ -15,6 +15,7 @@ from ctrctl.cli.common import (
     Overwrite,
     TrackingUri,
     console,
+    output_file,
     stdout,
     tracker_from,
 )
@@ -91,7 +92,8 @@ def _render(outcome: Any, max_rows: int = 32) -> None:
 
 
 def plan_command(
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Where to write plan.json.")]
+    out: Annotated[Path | None, typer.Option("--out", "-o", callback=output_file,
+                                             help="Where to write plan.json.")]
     = None,
     dataset: Annotated[Path | None, typer.Option(help="Preprocessed dataset folder.")] = None,
     config: Annotated[Path | None, typer.Option(

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrctl.errors import CtrctlError, DatasetError, FormatError
+from ctrctl.io import read_text
 
 FORMAT = "ctrctl.dataset"
 FORMAT_VERSION = 1
@@ -196,10 +197,11 @@ def read_json_file(path: str | Path, missing: CtrctlError) -> Any:
     """Parse a JSON file: ``missing`` is raised when it does not exist, FormatError when it
     is not JSON (naming the file and the position)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise missing
+    text = read_text(path, FormatError, "JSON file")
     try:
-        return json.loads(path.read_text())
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise FormatError(f"invalid JSON: {exc}", where=str(path)) from exc
 

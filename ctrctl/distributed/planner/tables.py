@@ -30,6 +30,7 @@ import yaml
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.distributed.planner.types import TableConstraints, TableSpec
 from ctrctl.errors import ConfigError, PlanError
+from ctrctl.io import read_text
 
 _CONSTRAINT_KEYS = {"sharding_types", "compute_kernels", "min_col_block", "ranks",
                     "cache_load_factor"}
@@ -140,10 +141,9 @@ def tables_from_dict(data: dict[str, Any], where: str = "tables",
 def tables_from_yaml(path: str | Path, optimizer: str = "rowwise_adagrad") -> list[TableSpec]:
     """Tables from a tables YAML file."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError("tables file not found", where=str(path))
+    text = read_text(path, ConfigError, "tables file")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML: {exc}", where=str(path)) from exc
     return tables_from_dict(data, where=str(path), optimizer=optimizer)
