@@ -60,6 +60,10 @@ class OutputLocationError(CtrctlError):
     """An output path cannot be written: it is a file, or its folder is not writable."""
 
 
+class OutputLockedError(CtrctlError):
+    """Another process is writing the same output."""
+
+
 class FormatError(CtrctlError):
     """A versioned file (manifest, plan, checkpoint metadata) is invalid or of another version."""
 

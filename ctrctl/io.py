@@ -1,9 +1,9 @@
-"""Files in and out: reading a user's text files, and where outputs may go.
+"""Files in and out: reading a user's text files, where outputs may go, and who writes them.
 
 Every file a user names (schema, config, plan, topology, tables, manifest) is read through
 :func:`read_text`, so a missing, unreadable or binary file is one clear error naming it;
 every output folder a command takes is checked by :func:`check_output_location` before any
-work starts.
+work starts, and held with :func:`output_lock` while the command writes it.
 
 Example:
     >>> text = read_text("schemas/criteo.yaml", SchemaError, what="schema")
@@ -12,10 +12,21 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import socket
 import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ctrctl.errors import CtrctlError, OutputLocationError
+from ctrctl.errors import CtrctlError, OutputLocationError, OutputLockedError
+
+logger = logging.getLogger(__name__)
 
 
 def read_text(path: str | Path, error: type[CtrctlError] = CtrctlError,
@@ -77,3 +88,72 @@ def check_output_location(out: str | Path, folder: bool = True) -> Path:
         raise OutputLocationError(f"cannot write in {parent} ({exc.strerror})",
                                   where=str(out), hint="choose another --out") from None
     return out
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds an output lock: written into the lock file by its holder."""
+
+    host: str
+    pid: int
+    command: str
+    since: float
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
+        return f"pid {self.pid} on {self.host} ({self.command!r}, since {when})"
+
+
+def lock_path(out: str | Path, name: str = "") -> Path:
+    """The lock file of output ``out``: hidden, beside it (the output itself may not exist
+    yet, and is renamed into place at the end)."""
+    out = Path(out)
+    suffix = f".{name}" if name else ""
+    return out.absolute().parent / f".{out.name}{suffix}.lock"
+
+
+def _read_holder(path: Path) -> LockHolder | None:
+    try:
+        data = json.loads(path.read_text())
+        return LockHolder(str(data["host"]), int(data["pid"]), str(data["command"]),
+                          float(data["since"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+@contextlib.contextmanager
+def output_lock(out: str | Path, command: str, name: str = "") -> Iterator[Path]:
+    """Hold the advisory lock of output ``out`` while a command writes it.
+
+    A second command on the same output fails at once, naming the holder. The lock is an
+    ``flock`` on a file beside the output, so it dies with its process: a lock file left by
+    a killed run is stale, reported and taken over. Several nodes that share one output
+    pass distinct ``name`` s (one writer per file, as their files are distinct too).
+
+    Raises:
+        OutputLockedError: another live process holds the lock.
+    """
+    path = lock_path(out, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(path)
+            raise OutputLockedError(
+                f"the output is being written by {holder.describe() if holder else 'another process'}",
+                where=str(out), hint="wait for it, or choose another --out") from None
+        stale = _read_holder(path)
+        if stale is not None:
+            logger.warning("%s: taking over a stale lock of %s", out, stale.describe())
+        me = LockHolder(socket.gethostname(), os.getpid(), command, time.time())
+        os.ftruncate(handle, 0)
+        os.pwrite(handle, json.dumps(asdict(me)).encode(), 0)
+        os.fsync(handle)
+        try:
+            yield path
+        finally:
+            path.unlink(missing_ok=True)  # still held: nobody else can be mid-acquire on it
+    finally:
+        os.close(handle)

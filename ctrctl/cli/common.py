@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import sys
@@ -85,6 +86,14 @@ OutDir = Annotated[Path, typer.Option("--out", "-o", callback=output_folder,
 #: An optional output file (checked like OutDir: its folder must be writable).
 OutFile = Annotated[Path | None, typer.Option("--out", "-o", callback=output_file,
                                               help="Output file.")]
+
+
+def locked(out: Path | None, command: str,
+           name: str = "") -> contextlib.AbstractContextManager[Any]:
+    """Hold ``out``'s output lock while a command writes it (nothing for no output)."""
+    from ctrctl.io import output_lock
+
+    return contextlib.nullcontext() if out is None else output_lock(out, command, name)
 
 
 def tracker_from(no_track: bool, tracking_uri: str | None, experiment: str) -> Tracker:

@@ -15,6 +15,7 @@ from ctrctl.cli.common import (
     Overwrite,
     TrackingUri,
     console,
+    locked,
     output_file,
     stdout,
     tracker_from,
@@ -137,7 +138,8 @@ def plan_command(
         from ctrctl.distributed.planner.calibration import calibrate as measure
 
         topology = topology or Path("topology.json")
-        measured = measure(topology, overwrite=True)
+        with locked(topology, "plan --calibrate"):
+            measured = measure(topology, overwrite=overwrite)
         console.print(f"calibrated this machine in {measured.calibrated['seconds']:.1f} s: "
                       f"wrote {topology}")
         if dataset is None and tables is None and config is None:
@@ -150,7 +152,9 @@ def plan_command(
         local_world_size=local_world_size, device=device.value if device else None, hbm_gb=hbm_gb, ddr_gb=ddr_gb,
         batch_size=batch_size, sharding_type=sharding_type, embedding_dim=embedding_dim,
         topology=topology, out=out, overwrite=overwrite)
-    outcome = run_plan(request, tracker_from(no_track, tracking_uri, experiment))
+    tracker = tracker_from(no_track, tracking_uri, experiment)
+    with locked(out, "plan"):
+        outcome = run_plan(request, tracker)
     _render(outcome)
     if out is not None:
         console.print(f"wrote {out}")

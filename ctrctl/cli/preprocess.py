@@ -18,6 +18,7 @@ from ctrctl.cli.common import (
     Overwrite,
     TrackingUri,
     console,
+    locked,
     make_progress,
     tracker_from,
 )
@@ -51,12 +52,13 @@ def preprocess_command(
 
     # kill (SIGTERM) unwinds like Ctrl-C, so the temporary output folder is removed.
     signal.signal(signal.SIGTERM, _interrupt)
-    manifest = preprocess(
-        schema, inputs, out, split_ratio=split_ratio, seed=seed, split_by_day=split_by_day,
-        reuse_transforms=reuse_transforms, on_bad_rows=on_bad_rows.value,
-        overwrite=overwrite, progress=make_progress(),
-        tracker=tracker_from(no_track, tracking_uri, experiment),
-    )
+    tracker = tracker_from(no_track, tracking_uri, experiment)
+    with locked(out, "preprocess"):
+        manifest = preprocess(
+            schema, inputs, out, split_ratio=split_ratio, seed=seed, split_by_day=split_by_day,
+            reuse_transforms=reuse_transforms, on_bad_rows=on_bad_rows.value,
+            overwrite=overwrite, progress=make_progress(), tracker=tracker,
+        )
     table = Table(title=f"dataset {out}")
     for name in ("split", "rows", "label rate", "files"):
         table.add_column(name, justify="right" if name != "split" else "left")

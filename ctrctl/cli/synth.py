@@ -15,6 +15,7 @@ from ctrctl.cli.common import (
     Overwrite,
     TrackingUri,
     console,
+    locked,
     make_progress,
     tracker_from,
 )
@@ -43,17 +44,19 @@ def synth_command(
     """Write synthetic click logs, their true click probabilities and the best AUC."""
     from ctrctl.data.synthetic import parse_assignments, synthesize
 
-    result = synthesize(
-        out,
-        rows=rows,
-        format=format.value,
-        seed=seed,
-        splits=parse_assignments(split, float, "--split") if split else None,
-        cardinalities=parse_assignments(cardinality, int, "--cardinality") or None,
-        overwrite=overwrite,
-        progress=make_progress(),
-        tracker=tracker_from(no_track, tracking_uri, experiment),
-    )
+    tracker = tracker_from(no_track, tracking_uri, experiment)
+    with locked(out, "synth"):
+        result = synthesize(
+            out,
+            rows=rows,
+            format=format.value,
+            seed=seed,
+            splits=parse_assignments(split, float, "--split") if split else None,
+            cardinalities=parse_assignments(cardinality, int, "--cardinality") or None,
+            overwrite=overwrite,
+            progress=make_progress(),
+            tracker=tracker,
+        )
     table = Table(title=f"{result.format} logs in {result.out}")
     for name in ("split", "file", "rows", "label rate", "best AUC"):
         table.add_column(name, justify="left" if name in ("split", "file") else "right")

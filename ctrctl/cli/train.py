@@ -15,6 +15,7 @@ from ctrctl.cli.common import (
     Overwrite,
     TrackingUri,
     console,
+    locked,
     make_progress,
     tracker_from,
 )
@@ -51,28 +52,30 @@ def train_command(
 
     cfg = load_config(config, overrides or [])
     tracker = tracker_from(no_track, tracking_uri, experiment)  # a dead server fails here
-    if nproc_per_node * nnodes > 1:
-        spec = TrainSpec(dataset=str(dataset), out=str(out), config=str(config) if config else None,
-                         overrides=tuple(overrides or ()), resume=resume, overwrite=overwrite,
-                         plan=str(plan) if plan else None, track=not no_track,
-                         tracking_uri=tracking_uri, experiment=experiment)
-        code = launch(spec, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
-        if code:
-            raise CtrctlError(f"training workers failed (exit code {code})",
-                              hint="the worker lines above name the rank and the error")
-        console.print(f"[green]trained[/] with {nproc_per_node * nnodes} processes -> {out}")
-        return
-    result = train(dataset, out, cfg, resume=resume, overwrite=overwrite,
-                   plan=ShardingPlan.load(plan) if plan else None,
-                   tracker=tracker,
-                   progress=make_progress())
-    table = Table(title=f"train: {result.step:,} steps, {result.samples_per_s:,.0f} samples/s")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in sorted(result.metrics.items()):
-        table.add_row(key, f"{value:.5f}" if isinstance(value, float) else str(value))
-    console.print(table)
-    console.print(f"checkpoint: {result.checkpoint}")
+    # One writer per output (per node when several nodes share one --out).
+    with locked(out, "train", name=f"node{node_rank}" if nnodes > 1 else ""):
+        if nproc_per_node * nnodes > 1:
+            spec = TrainSpec(dataset=str(dataset), out=str(out), config=str(config) if config else None,
+                             overrides=tuple(overrides or ()), resume=resume, overwrite=overwrite,
+                             plan=str(plan) if plan else None, track=not no_track,
+                             tracking_uri=tracking_uri, experiment=experiment)
+            code = launch(spec, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
+            if code:
+                raise CtrctlError(f"training workers failed (exit code {code})",
+                                  hint="the worker lines above name the rank and the error")
+            console.print(f"[green]trained[/] with {nproc_per_node * nnodes} processes -> {out}")
+            return
+        result = train(dataset, out, cfg, resume=resume, overwrite=overwrite,
+                       plan=ShardingPlan.load(plan) if plan else None,
+                       tracker=tracker,
+                       progress=make_progress())
+        table = Table(title=f"train: {result.step:,} steps, {result.samples_per_s:,.0f} samples/s")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for key, value in sorted(result.metrics.items()):
+            table.add_row(key, f"{value:.5f}" if isinstance(value, float) else str(value))
+        console.print(table)
+        console.print(f"checkpoint: {result.checkpoint}")
 
 
 def register(app: typer.Typer) -> None:
