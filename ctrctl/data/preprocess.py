@@ -185,6 +185,18 @@ def _plan_jobs(
     return jobs
 
 
+def _refuse_output_over_inputs(out: Path, inputs: Sequence[Path]) -> None:
+    """An output that is, or holds, an input would delete it when replaced (--overwrite)."""
+    target = out.resolve()
+    for path in inputs:
+        source = path.resolve()
+        if source == target or target in source.parents:
+            raise ConfigError(
+                "the output folder contains an input" if source != target
+                else "the output folder is an input", where=f"--out {out} and {path}",
+                hint="choose an --out outside the inputs' folders")
+
+
 def preprocess(
     schema: Schema | str | Path | None,
     inputs: Sequence[str | InputSource],
@@ -244,6 +256,8 @@ def preprocess(
     ratio = _parse_ratio(split_ratio)
     if split_by_day and ratio is not None:
         raise ConfigError("--split-by-day and --split-ratio exclude each other")
+    _refuse_output_over_inputs(out, [s.path for s in sources] + (
+        [Path(reuse_transforms)] if reuse_transforms is not None else []))
     if out.exists() and not overwrite:
         raise OutputExistsError("output folder already exists", where=str(out),
                                 hint="pass --overwrite to replace it, or choose another --out")

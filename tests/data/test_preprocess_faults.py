@@ -1,4 +1,4 @@
-"""A truncated or corrupt gzip input is one error naming the file and the line where it stops."""
+"""Inputs preprocess must refuse: truncated or corrupt gzip files, outputs over inputs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from ctrctl.data.preprocess import preprocess
 from ctrctl.data.readers import gzip_damage
-from ctrctl.errors import InputDataError
+from ctrctl.errors import ConfigError, InputDataError
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "schemas"
@@ -91,3 +91,18 @@ def test_cli_prints_one_line(logs: Path, tmp_path: Path) -> None:
     assert len(errors) == 1 and f"day_0.gz:{lines + 1}" in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr and "Aborted" not in proc.stderr
     assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_an_output_over_its_inputs_is_refused(logs: Path, tmp_path: Path,
+                                              overwrite: bool) -> None:
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    source = folder / "train.tsv"
+    source.write_bytes((logs / "criteo" / "train.tsv").read_bytes()[:100_000].rsplit(b"\n", 1)[0]
+                       + b"\n")
+    before = source.read_bytes()
+    for out in (folder, tmp_path):
+        with pytest.raises(ConfigError, match="output folder contains an input"):
+            preprocess(SCHEMAS / "criteo.yaml", [f"train={source}"], out, overwrite=overwrite)
+    assert source.read_bytes() == before
