@@ -57,6 +57,19 @@ def read_text(path: str | Path, error: type[CtrctlError] = CtrctlError,
                     f"a binary or damaged file?)", where=f"{where}:{line}") from None
 
 
+def inside(name: str, error: type[CtrctlError], where: str) -> str:
+    """``name``, a path read from a file, if it stays inside that file's folder.
+
+    Manifests, checkpoint metadata and ``latest`` name files relative to their folder; an
+    absolute name or one with ``..`` would read (or, replaced, delete) files elsewhere.
+    """
+    parts = Path(name).parts
+    if not name or Path(name).is_absolute() or ".." in parts:
+        raise error(f"the path {name!r} leaves its folder", where=where,
+                    hint="paths in this file must be relative and stay inside its folder")
+    return name
+
+
 def check_output_location(out: str | Path, folder: bool = True) -> Path:
     """Refuse, before any work, an output that cannot be written.
 

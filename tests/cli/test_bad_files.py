@@ -80,3 +80,25 @@ def test_one_line_and_nothing_changed(work: Path, name: str) -> None:
     assert "Traceback" not in done.stderr
     assert not (work / "o").exists()
     assert _before(work) == before
+
+
+def test_paths_in_manifest_metadata_and_latest_stay_inside(tmp_path: Path) -> None:
+    import json
+
+    from ctrctl.data.manifest import DatasetManifest
+    from ctrctl.errors import CheckpointError, FormatError
+    from ctrctl.training.checkpoint import latest_checkpoint
+
+    make_dataset(tmp_path / "ds", rows=64, num_sparse=2, seed=0)
+    path = tmp_path / "ds" / "manifest.json"
+    data = json.loads(path.read_text())
+    for escape in ("../../etc/passwd", "/etc/passwd"):
+        data["splits"]["train"]["files"] = [escape]
+        path.write_text(json.dumps(data))
+        with pytest.raises(FormatError, match="leaves its folder"):
+            DatasetManifest.load(tmp_path / "ds")
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "latest").write_text("../../elsewhere\n")
+    with pytest.raises(CheckpointError, match="leaves its folder"):
+        latest_checkpoint(checkpoints)
