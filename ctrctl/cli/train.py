@@ -29,7 +29,8 @@ def train_command(
     config: Annotated[Path | None, typer.Option(
         "--config", "-c", help="Pipeline YAML (default: built-in defaults).")] = None,
     resume: Annotated[bool, typer.Option(
-        help="Continue from the latest checkpoint in --out.")] = False,
+        help="Continue from the latest checkpoint in --out, with the run's own settings "
+        "(its config.json; overrides apply on top).")] = False,
     plan: Annotated[Path | None, typer.Option(
         help="Sharding plan (plan.json) for several processes.")] = None,
     nproc_per_node: Annotated[int, typer.Option(
@@ -49,8 +50,12 @@ def train_command(
     from ctrctl.errors import CtrctlError
     from ctrctl.training.launch import TrainSpec, launch
     from ctrctl.training.loop import train
+    from ctrctl.training.resume import resume_config, saved_config
 
-    cfg = load_config(config, overrides or [])
+    cfg = resume_config(out, config, overrides or []) if resume else load_config(
+        config, overrides or [])
+    if resume and config is None:
+        config = saved_config(out)  # the workers of a multi-process run read it too
     tracker = tracker_from(no_track, tracking_uri, experiment)  # a dead server fails here
     # One writer per output (per node when several nodes share one --out).
     with locked(out, "train", name=f"node{node_rank}" if nnodes > 1 else ""):
