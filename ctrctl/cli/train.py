@@ -46,10 +46,10 @@ def train_command(
 ) -> None:
     """Train a DLRM; checkpoints, metrics.json and config.json land in --out."""
     from ctrctl.config import load_config
-    from ctrctl.distributed.types import ShardingPlan
     from ctrctl.errors import CtrctlError
     from ctrctl.training.launch import TrainSpec, launch
     from ctrctl.training.loop import train
+    from ctrctl.training.preflight import preflight
     from ctrctl.training.resume import resume_config, saved_config
 
     cfg = resume_config(out, config, overrides or []) if resume else load_config(
@@ -57,6 +57,7 @@ def train_command(
     if resume and config is None:
         config = saved_config(out)  # the workers of a multi-process run read it too
     tracker = tracker_from(no_track, tracking_uri, experiment)  # a dead server fails here
+    sharding = preflight(dataset, out, cfg, plan, nproc_per_node * nnodes, resume, overwrite)
     # One writer per output (per node when several nodes share one --out).
     with locked(out, "train", name=f"node{node_rank}" if nnodes > 1 else ""):
         if nproc_per_node * nnodes > 1:
@@ -71,7 +72,7 @@ def train_command(
             console.print(f"[green]trained[/] with {nproc_per_node * nnodes} processes -> {out}")
             return
         result = train(dataset, out, cfg, resume=resume, overwrite=overwrite,
-                       plan=ShardingPlan.load(plan) if plan else None,
+                       plan=sharding,
                        tracker=tracker,
                        progress=make_progress())
         table = Table(title=f"train: {result.step:,} steps, {result.samples_per_s:,.0f} samples/s")
