@@ -17,16 +17,13 @@ Example:
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 from typing import Any
 
+from ctrctl.compat import ctrctl_version
 from ctrctl.errors import CtrctlError
 
-try:
-    #: The installed distribution's version: pyproject.toml is the one place it is written.
-    __version__ = importlib.metadata.version("ctrctl")
-except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
-    __version__ = "0+unknown"
+#: The installed distribution's version: pyproject.toml is the one place it is written.
+__version__ = ctrctl_version()
 
 #: public name -> module that defines it
 _EXPORTS: dict[str, str] = {

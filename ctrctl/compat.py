@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.metadata
 import logging
 import warnings
 
@@ -26,6 +27,14 @@ logger = logging.getLogger(__name__)
 PAIRS: dict[str, str] = {"1.8": "2.13"}
 EXPECTED_TORCH = "2.13.0"
 EXPECTED_FBGEMM = "1.8.0"
+
+
+def ctrctl_version() -> str:
+    """ctrctl's version from the installed package's metadata ("0+unknown" in a bare tree)."""
+    try:
+        return importlib.metadata.version("ctrctl")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "0+unknown"
 
 
 def _minor(version: str) -> str:

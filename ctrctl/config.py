@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ctrctl.errors import ConfigError
+from ctrctl.io import read_text
 from ctrctl.names import ComputeKernel, ShardingType
 
 __all__ = [
@@ -408,10 +409,8 @@ def load_config(
     if path is not None:
         path = Path(path)
         where = str(path)
-        if not path.is_file():
-            raise ConfigError("config file not found", where=where,
-                              hint="pass an existing pipelines/*.yaml")
-        text = path.read_text()
+        text = read_text(path, ConfigError, "config file",
+                         hint="pass an existing pipelines/*.yaml")
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:

@@ -56,6 +56,14 @@ class OutputExistsError(CtrctlError):
     """An output already exists and would be overwritten."""
 
 
+class OutputLocationError(CtrctlError):
+    """An output path cannot be written: it is a file, or its folder is not writable."""
+
+
+class OutputLockedError(CtrctlError):
+    """Another process is writing the same output."""
+
+
 class FormatError(CtrctlError):
     """A versioned file (manifest, plan, checkpoint metadata) is invalid or of another version."""
 
@@ -76,10 +84,14 @@ class DistributedError(CtrctlError):
     """A collective failed or another rank failed."""
 
 
-class GateError(CtrctlError):
-    """An evaluation gate failed."""
+class TrackingError(CtrctlError):
+    """The MLflow tracking store or server cannot be used."""
 
-    exit_code = 2
+
+class GateError(CtrctlError):
+    """An evaluation gate failed (exit code 3: apart from usage errors, which exit 2)."""
+
+    exit_code = 3
 
 
 class EnvironmentMismatchError(CtrctlError):

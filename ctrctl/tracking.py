@@ -19,13 +19,28 @@ import json
 import logging
 import os
 import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ctrctl.errors import TrackingError
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_EXPERIMENT = "ctrctl"
+#: URI schemes a tracker accepts: local stores and MLflow servers.
+LOCAL_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql")
+SERVER_SCHEMES = ("http", "https")
+#: Seconds the up-front probe of a tracking server waits for its answer.
+PROBE_TIMEOUT_S = 5.0
+#: MLflow's HTTP client retries a dead server with backoff for minutes by default; a run
+#: that loses its server fails within about this many tries instead (a user's env wins).
+_HTTP_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+                      "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                      "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
 #: A parent run (``ctrctl run``) passes its id to child steps, which become nested runs.
 PARENT_RUN_ENV = "CTRCTL_PARENT_RUN_ID"
 
@@ -174,12 +189,62 @@ class MlflowTracker(Tracker):
             client.set_terminated(run.run_id, status=status)
 
 
+def check_tracking_uri(uri: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Fail fast, in one line, on a tracking URI that cannot work.
+
+    An unknown scheme is refused; a server (http/https) must answer its ``/health`` endpoint
+    within ``timeout_s`` seconds. Local stores are left to MLflow (it creates them).
+
+    Raises:
+        TrackingError: naming the URI and suggesting ``--no-track``.
+    """
+    if not uri:
+        return
+    hint = "start the server, fix --tracking-uri / MLFLOW_TRACKING_URI, or pass --no-track"
+    scheme = urllib.parse.urlsplit(uri).scheme.lower()
+    if len(scheme) == 1:  # a Windows drive letter, C:\\...
+        scheme = ""
+    if scheme.startswith("databricks") or scheme in LOCAL_SCHEMES:
+        return
+    if scheme.split("+")[0] in LOCAL_SCHEMES[3:]:  # postgresql+psycopg2://...
+        return
+    if scheme not in SERVER_SCHEMES:
+        raise TrackingError(
+            f"unknown tracking URI scheme {scheme!r}", where=uri,
+            hint="use http(s)://HOST:PORT, sqlite:///FILE.db or a folder, or pass --no-track")
+    health = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(health, timeout=timeout_s) as answer:
+            status = answer.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise TrackingError(f"tracking server does not answer ({reason})", where=uri,
+                            hint=hint) from None
+    if status >= 500:
+        raise TrackingError(f"tracking server answered HTTP {status}", where=uri, hint=hint)
+
+
 def make_tracker(
     enabled: bool = True,
     tracking_uri: str | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
+    check: bool = True,
 ) -> Tracker:
-    """The tracker a command uses: MLflow unless tracking is turned off."""
+    """The tracker a command uses: MLflow unless tracking is turned off.
+
+    Args:
+        enabled: False gives the no-op tracker.
+        tracking_uri: an explicit URI; None means ``MLFLOW_TRACKING_URI`` or MLflow's default.
+        experiment: the experiment name.
+        check: probe the URI now (:func:`check_tracking_uri`), so a dead server fails in
+            seconds instead of after MLflow's minutes of retries.
+    """
     if not enabled:
         return Tracker()
+    for key, value in _HTTP_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    if check:
+        check_tracking_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
     return MlflowTracker(tracking_uri=tracking_uri, experiment=experiment)

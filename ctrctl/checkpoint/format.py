@@ -43,6 +43,7 @@ from safetensors.torch import load_file, save_file
 
 from ctrctl.errors import CheckpointError, FormatError
 from ctrctl.io import (
+    inside,
     publish_staged,
     read_json_file,
     stage_folder,
@@ -314,7 +315,7 @@ def latest_checkpoint(checkpoints: str | Path) -> Path | None:
     pointer = checkpoints / LATEST
     if not pointer.is_file():
         return None
-    path = checkpoints / pointer.read_text().strip()
+    path = checkpoints / inside(pointer.read_text().strip(), CheckpointError, str(pointer))
     if not (path / "metadata.json").is_file():
         raise CheckpointError("`latest` points at a missing checkpoint", where=str(path),
                               hint="delete the `latest` file or the incomplete folder")
@@ -352,7 +353,9 @@ def read_metadata(path: str | Path) -> CheckpointMetadata:
             f"ctrctl reads version {CHECKPOINT_VERSION})", where=where)
     try:
         tables = {
-            name: {**entry, "pieces": [Piece(**{k: v for k, v in p.items()})
+            name: {**entry, "pieces": [Piece(**{k: v for k, v in p.items()
+                                                if k != "file"},
+                                             file=inside(str(p["file"]), FormatError, where))
                                        for p in entry["pieces"]]}
             for name, entry in data["tables"].items()
         }

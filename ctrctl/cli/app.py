@@ -2,6 +2,10 @@
 
 Each module in :data:`COMMANDS` defines ``register(app)``. A library error becomes one clean
 line on stderr and a non-zero exit; ``--verbose`` adds the traceback.
+
+Exit codes: 0 success; 1 a ctrctl error (bad input, missing file, failed worker, ...);
+2 a usage error (unknown option or command, a value of the wrong type); 3 an evaluation gate
+failed (the model was evaluated, but is not good enough); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -22,8 +26,16 @@ app = typer.Typer(
     help="Click-through-rate pipelines: raw logs to a sharded, trained and evaluated model.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from ctrctl.compat import ctrctl_version
+
+        typer.echo(f"ctrctl {ctrctl_version()}")
+        raise typer.Exit()
 
 _state = {"verbose": False}
 
@@ -32,6 +44,10 @@ _state = {"verbose": False}
 def _root(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Debug logging and full tracebacks.")
+    ] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True,
+                           help="Print the version and exit.")
     ] = False,
 ) -> None:
     from ctrctl.cli.common import setup_logging

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import logging
 import sys
 from pathlib import Path
@@ -21,6 +23,32 @@ from rich.progress import Progress as RichProgressBar
 from ctrctl.progress import LogProgress, Progress
 from ctrctl.tracking import Tracker, make_tracker
 
+
+class OnBadRows(str, enum.Enum):
+    """What preprocess does with a malformed row."""
+
+    error = "error"
+    skip = "skip"
+
+
+class LogFormat(str, enum.Enum):
+    """Raw log formats ``ctrctl synth`` writes."""
+
+    criteo = "criteo"
+    avazu = "avazu"
+
+
+class DevicePreset(str, enum.Enum):
+    """Devices the planner knows: a CPU rank, TorchRec's GPU defaults, or a GPU model."""
+
+    cpu = "cpu"
+    cuda = "cuda"
+    a100_40 = "a100-40"
+    a100_80 = "a100-80"
+    h100 = "h100"
+    h200 = "h200"
+
+
 #: Human output goes to stderr; stdout is kept for machine-readable output (--json).
 console = Console(stderr=True)
 stdout = Console()
@@ -35,12 +63,37 @@ TrackingUri = Annotated[
 ]
 NoTrack = Annotated[bool, typer.Option("--no-track", help="Do not track this step in MLflow.")]
 Experiment = Annotated[
-    str, typer.Option("--experiment", help="MLflow experiment name.")
+    str, typer.Option("--experiment", envvar="MLFLOW_EXPERIMENT_NAME",
+                      help="MLflow experiment name.")
 ]
 Overwrite = Annotated[
     bool, typer.Option("--overwrite", help="Replace an existing output instead of refusing.")
 ]
-OutDir = Annotated[Path, typer.Option("--out", "-o", help="Output folder.")]
+def output_folder(value: Path | None) -> Path | None:
+    from ctrctl.io import check_output_location
+
+    return None if value is None else check_output_location(value)
+
+
+def output_file(value: Path | None) -> Path | None:
+    from ctrctl.io import check_output_location
+
+    return None if value is None else check_output_location(value, folder=False)
+
+
+OutDir = Annotated[Path, typer.Option("--out", "-o", callback=output_folder,
+                                      help="Output folder.")]
+#: An optional output file (checked like OutDir: its folder must be writable).
+OutFile = Annotated[Path | None, typer.Option("--out", "-o", callback=output_file,
+                                              help="Output file.")]
+
+
+def locked(out: Path | None, command: str,
+           name: str = "") -> contextlib.AbstractContextManager[Any]:
+    """Hold ``out``'s output lock while a command writes it (nothing for no output)."""
+    from ctrctl.io import output_lock
+
+    return contextlib.nullcontext() if out is None else output_lock(out, command, name)
 
 
 def tracker_from(no_track: bool, tracking_uri: str | None, experiment: str) -> Tracker:

@@ -17,6 +17,7 @@ from ctrctl.cli.common import (
     Overwrite,
     TrackingUri,
     console,
+    locked,
     make_progress,
     stdout,
     tracker_from,
@@ -75,7 +76,7 @@ def eval_command(
         "--segment-by", help="Also report metrics per value of this feature; repeatable.")] = None,
     gate: Annotated[list[str] | None, typer.Option(
         "--gate", help="Threshold such as auc>=0.70 or calibration=1.0+-0.05; repeatable. "
-        "A failed gate exits with code 2.")] = None,
+        "A failed gate exits with code 3.")] = None,
     save_predictions: Annotated[bool, typer.Option(
         "--save-predictions", help="Also write the evaluated labels and scores as Parquet.")] = False,
     no_baselines: Annotated[bool, typer.Option(
@@ -87,7 +88,7 @@ def eval_command(
         help="Up to this many rows, AUC/PR-AUC/ECE are exact (sorted); beyond, binned.")] = 10_000_000,
     ece_bins: Annotated[int, typer.Option(help="Equal-mass bins for ECE and the diagram.")] = 20,
     nproc_per_node: Annotated[int, typer.Option(
-        "--nproc-per-node", help="Processes to score with (torchrun, gloo on CPU).")] = 1,
+        "--nproc-per-node", min=1, help="Processes to score with (torchrun, gloo on CPU).")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print metrics.json to stdout.")] = False,
     overwrite: Overwrite = False,
     tracking_uri: TrackingUri = None,
@@ -101,41 +102,43 @@ def eval_command(
     from ctrctl.io import check_destination
 
     parse_gates(gate or [])  # a bad gate fails here, before anything runs
-    if dist_launch.needs_launch(nproc_per_node):
-        check_destination(out, overwrite)
-        code = dist_launch.launch(_child_args(locals()), nproc_per_node)
-        gates_from_output(out, code)  # raises GateError / DistributedError
-        metrics = json.loads((out / "metrics.json").read_text())
-        _summary(metrics, {})
-        if as_json:
-            stdout.print_json(data=metrics)
-        return
-    distributed = dist_launch.init_from_env()
-    rank = int(os.environ.get("RANK", "0")) if distributed else 0
-    try:
-        result = evaluate(
-            out, checkpoint=checkpoint, dataset=dataset, predictions=predictions, split=split,
-            segment_by=segment_by or (), gates=gate or (), save_predictions=save_predictions,
-            baselines=not no_baselines, overwrite=overwrite, batch_size=batch_size,
-            num_bins=num_bins, exact_limit=exact_limit, ece_bins=ece_bins,
-            progress=make_progress() if rank == 0 else None,
-            tracker=tracker_from(no_track or rank != 0, tracking_uri, experiment),
-            gates_raise=False,
-        )
-    finally:
-        if distributed:
-            import torch.distributed as dist
+    child = bool(os.environ.get(dist_launch.CHILD_ENV))  # the launcher holds the lock
+    with locked(None if child else out, "eval"):
+        if dist_launch.needs_launch(nproc_per_node):
+            check_destination(out, overwrite)
+            code = dist_launch.launch(_child_args(locals()), nproc_per_node)
+            gates_from_output(out, code)  # raises GateError / DistributedError
+            metrics = json.loads((out / "metrics.json").read_text())
+            _summary(metrics, {})
+            if as_json:
+                stdout.print_json(data=metrics)
+            return
+        distributed = dist_launch.init_from_env()
+        rank = int(os.environ.get("RANK", "0")) if distributed else 0
+        try:
+            result = evaluate(
+                out, checkpoint=checkpoint, dataset=dataset, predictions=predictions, split=split,
+                segment_by=segment_by or (), gates=gate or (), save_predictions=save_predictions,
+                baselines=not no_baselines, overwrite=overwrite, batch_size=batch_size,
+                num_bins=num_bins, exact_limit=exact_limit, ece_bins=ece_bins,
+                progress=make_progress() if rank == 0 else None,
+                tracker=tracker_from(no_track or rank != 0, tracking_uri, experiment),
+                gates_raise=False,
+            )
+        finally:
+            if distributed:
+                import torch.distributed as dist
 
-            dist.destroy_process_group()
-    if os.environ.get(dist_launch.CHILD_ENV):
-        return  # the launching process reports, from gates.json
-    if rank == 0:
-        _summary(result.metrics, result.segments)
-        for g in result.gates:
-            console.print(f"[{'green' if g.passed else 'red'}]gate[/] {g.describe()}")
-        if as_json:
-            stdout.print_json(data=result.metrics)
-    raise_for_failures(result.gates)
+                dist.destroy_process_group()
+        if os.environ.get(dist_launch.CHILD_ENV):
+            return  # the launching process reports, from gates.json
+        if rank == 0:
+            _summary(result.metrics, result.segments)
+            for g in result.gates:
+                console.print(f"[{'green' if g.passed else 'red'}]gate[/] {g.describe()}")
+            if as_json:
+                stdout.print_json(data=result.metrics)
+        raise_for_failures(result.gates)
 
 
 def _child_args(values: dict[str, Any]) -> list[str]:

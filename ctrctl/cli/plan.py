@@ -9,11 +9,14 @@ import typer
 from rich.table import Table
 
 from ctrctl.cli.common import (
+    DevicePreset,
     Experiment,
     NoTrack,
     Overwrite,
     TrackingUri,
     console,
+    locked,
+    output_file,
     stdout,
     tracker_from,
 )
@@ -90,10 +93,12 @@ def _render(outcome: Any, max_rows: int = 32) -> None:
 
 
 def plan_command(
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Where to write plan.json.")]
+    out: Annotated[Path | None, typer.Option("--out", "-o", callback=output_file,
+                                             help="Where to write plan.json.")]
     = None,
     dataset: Annotated[Path | None, typer.Option(help="Preprocessed dataset folder.")] = None,
-    config: Annotated[Path | None, typer.Option(help="Pipeline YAML (model, plan sections).")]
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="Pipeline YAML (model, plan sections).")]
     = None,
     tables: Annotated[Path | None, typer.Option(
         help="Tables YAML: embedding_dim + num_embeddings_per_feature, or a tables list.")]
@@ -102,8 +107,8 @@ def plan_command(
         help="Ranks, or 'auto' for the smallest that fits (with a sweep of larger ones).")]
     = "1",
     local_world_size: Annotated[int | None, typer.Option(help="Ranks per host.")] = None,
-    device: Annotated[str | None, typer.Option(
-        help="cpu, cuda (TorchRec's GPU defaults) or a preset: a100-40, a100-80, h100, h200.")]
+    device: Annotated[DevicePreset | None, typer.Option(
+        help="cpu, cuda (TorchRec's GPU defaults) or a GPU preset.")]
     = None,
     hbm_gb: Annotated[float | None, typer.Option(help="Device memory per rank, GiB.")] = None,
     ddr_gb: Annotated[float | None, typer.Option(help="Host memory per rank, GiB.")] = None,
@@ -133,7 +138,8 @@ def plan_command(
         from ctrctl.planning.calibration import calibrate as measure
 
         topology = topology or Path("topology.json")
-        measured = measure(topology, overwrite=True)
+        with locked(topology, "plan --calibrate"):
+            measured = measure(topology, overwrite=overwrite)
         console.print(f"calibrated this machine in {measured.calibrated['seconds']:.1f} s: "
                       f"wrote {topology}")
         if dataset is None and tables is None and config is None:
@@ -143,10 +149,12 @@ def plan_command(
     request = PlanRequest(
         dataset=dataset, config=config, tables=tables,
         world_size=None if world_size == "auto" else int(world_size),
-        local_world_size=local_world_size, device=device, hbm_gb=hbm_gb, ddr_gb=ddr_gb,
+        local_world_size=local_world_size, device=device.value if device else None, hbm_gb=hbm_gb, ddr_gb=ddr_gb,
         batch_size=batch_size, sharding_type=sharding_type, embedding_dim=embedding_dim,
         topology=topology, out=out, overwrite=overwrite)
-    outcome = run_plan(request, tracker_from(no_track, tracking_uri, experiment))
+    tracker = tracker_from(no_track, tracking_uri, experiment)
+    with locked(out, "plan"):
+        outcome = run_plan(request, tracker)
     _render(outcome)
     if out is not None:
         console.print(f"wrote {out}")

@@ -13,10 +13,12 @@ from rich.table import Table
 from ctrctl.cli.common import (
     Experiment,
     NoTrack,
+    OnBadRows,
     OutDir,
     Overwrite,
     TrackingUri,
     console,
+    locked,
     make_progress,
     tracker_from,
 )
@@ -37,8 +39,9 @@ def preprocess_command(
         "its second half test.")] = False,
     reuse_transforms: Annotated[Path | None, typer.Option(
         help="Map ids with this dataset's vocabularies and hash sizes (new logs to score).")] = None,
-    on_bad_rows: Annotated[str, typer.Option(
-        help="error: stop at the first malformed row; skip: drop and count such rows.")] = "error",
+    on_bad_rows: Annotated[OnBadRows, typer.Option(
+        help="error: stop at the first malformed row; skip: drop and count such rows.")] = (
+        OnBadRows.error),
     overwrite: Overwrite = False,
     tracking_uri: TrackingUri = None,
     no_track: NoTrack = False,
@@ -49,12 +52,13 @@ def preprocess_command(
 
     # kill (SIGTERM) unwinds like Ctrl-C, so the temporary output folder is removed.
     signal.signal(signal.SIGTERM, _interrupt)
-    manifest = preprocess(
-        schema, inputs, out, split_ratio=split_ratio, seed=seed, split_by_day=split_by_day,
-        reuse_transforms=reuse_transforms, on_bad_rows=on_bad_rows,  # type: ignore[arg-type]
-        overwrite=overwrite, progress=make_progress(),
-        tracker=tracker_from(no_track, tracking_uri, experiment),
-    )
+    tracker = tracker_from(no_track, tracking_uri, experiment)
+    with locked(out, "preprocess"):
+        manifest = preprocess(
+            schema, inputs, out, split_ratio=split_ratio, seed=seed, split_by_day=split_by_day,
+            reuse_transforms=reuse_transforms, on_bad_rows=on_bad_rows.value,
+            overwrite=overwrite, progress=make_progress(), tracker=tracker,
+        )
     table = Table(title=f"dataset {out}")
     for name in ("split", "rows", "label rate", "files"):
         table.add_column(name, justify="right" if name != "split" else "left")

@@ -9,11 +9,13 @@ from rich.table import Table
 
 from ctrctl.cli.common import (
     Experiment,
+    LogFormat,
     NoTrack,
     OutDir,
     Overwrite,
     TrackingUri,
     console,
+    locked,
     make_progress,
     tracker_from,
 )
@@ -21,8 +23,8 @@ from ctrctl.cli.common import (
 
 def synth_command(
     out: OutDir,
-    format: Annotated[str, typer.Option("--format", "-f", help="Log format: criteo or avazu.")] = (
-        "criteo"
+    format: Annotated[LogFormat, typer.Option("--format", "-f", help="Log format.")] = (
+        LogFormat.criteo
     ),
     rows: Annotated[int, typer.Option(help="Total rows over all splits.")] = 100_000,
     seed: Annotated[int, typer.Option(help="Seed: the same arguments give the same bytes.")] = 0,
@@ -42,17 +44,19 @@ def synth_command(
     """Write synthetic click logs, their true click probabilities and the best AUC."""
     from ctrctl.data.synthetic import parse_assignments, synthesize
 
-    result = synthesize(
-        out,
-        rows=rows,
-        format=format,
-        seed=seed,
-        splits=parse_assignments(split, float, "--split") if split else None,
-        cardinalities=parse_assignments(cardinality, int, "--cardinality") or None,
-        overwrite=overwrite,
-        progress=make_progress(),
-        tracker=tracker_from(no_track, tracking_uri, experiment),
-    )
+    tracker = tracker_from(no_track, tracking_uri, experiment)
+    with locked(out, "synth"):
+        result = synthesize(
+            out,
+            rows=rows,
+            format=format.value,
+            seed=seed,
+            splits=parse_assignments(split, float, "--split") if split else None,
+            cardinalities=parse_assignments(cardinality, int, "--cardinality") or None,
+            overwrite=overwrite,
+            progress=make_progress(),
+            tracker=tracker,
+        )
     table = Table(title=f"{result.format} logs in {result.out}")
     for name in ("split", "file", "rows", "label rate", "best AUC"):
         table.add_column(name, justify="left" if name in ("split", "file") else "right")

@@ -15,6 +15,7 @@ from ctrctl.cli.common import (
     Overwrite,
     TrackingUri,
     console,
+    locked,
     make_progress,
     tracker_from,
 )
@@ -28,13 +29,14 @@ def train_command(
     config: Annotated[Path | None, typer.Option(
         "--config", "-c", help="Pipeline YAML (default: built-in defaults).")] = None,
     resume: Annotated[bool, typer.Option(
-        help="Continue from the latest checkpoint in --out.")] = False,
+        help="Continue from the latest checkpoint in --out, with the run's own settings "
+        "(its config.json; overrides apply on top).")] = False,
     plan: Annotated[Path | None, typer.Option(
         help="Sharding plan (plan.json) for several processes.")] = None,
     nproc_per_node: Annotated[int, typer.Option(
-        "--nproc-per-node", help="Processes on this node (1: train in this process).")] = 1,
-    nnodes: Annotated[int, typer.Option(help="Nodes taking part.")] = 1,
-    node_rank: Annotated[int, typer.Option(help="This node's index.")] = 0,
+        "--nproc-per-node", min=1, help="Processes on this node (1: train in this process).")] = 1,
+    nnodes: Annotated[int, typer.Option(min=1, help="Nodes taking part.")] = 1,
+    node_rank: Annotated[int, typer.Option(min=0, help="This node's index.")] = 0,
     rdzv_endpoint: Annotated[str | None, typer.Option(
         help="HOST:PORT every node meets at (several nodes).")] = None,
     overwrite: Overwrite = False,
@@ -44,34 +46,42 @@ def train_command(
 ) -> None:
     """Train a DLRM; checkpoints, metrics.json and config.json land in --out."""
     from ctrctl.config import load_config
-    from ctrctl.distributed.types import ShardingPlan
     from ctrctl.errors import CtrctlError
     from ctrctl.training.launch import TrainSpec, launch
     from ctrctl.training.loop import train
+    from ctrctl.training.preflight import preflight
+    from ctrctl.training.resume import resume_config, saved_config
 
-    cfg = load_config(config, overrides or [])
-    if nproc_per_node * nnodes > 1:
-        spec = TrainSpec(dataset=str(dataset), out=str(out), config=str(config) if config else None,
-                         overrides=tuple(overrides or ()), resume=resume, overwrite=overwrite,
-                         plan=str(plan) if plan else None, track=not no_track,
-                         tracking_uri=tracking_uri, experiment=experiment)
-        code = launch(spec, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
-        if code:
-            raise CtrctlError(f"training workers failed (exit code {code})",
-                              hint="the worker lines above name the rank and the error")
-        console.print(f"[green]trained[/] with {nproc_per_node * nnodes} processes -> {out}")
-        return
-    result = train(dataset, out, cfg, resume=resume, overwrite=overwrite,
-                   plan=ShardingPlan.load(plan) if plan else None,
-                   tracker=tracker_from(no_track, tracking_uri, experiment),
-                   progress=make_progress())
-    table = Table(title=f"train: {result.step:,} steps, {result.samples_per_s:,.0f} samples/s")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in sorted(result.metrics.items()):
-        table.add_row(key, f"{value:.5f}" if isinstance(value, float) else str(value))
-    console.print(table)
-    console.print(f"checkpoint: {result.checkpoint}")
+    cfg = resume_config(out, config, overrides or []) if resume else load_config(
+        config, overrides or [])
+    if resume and config is None:
+        config = saved_config(out)  # the workers of a multi-process run read it too
+    tracker = tracker_from(no_track, tracking_uri, experiment)  # a dead server fails here
+    sharding = preflight(dataset, out, cfg, plan, nproc_per_node * nnodes, resume, overwrite)
+    # One writer per output (per node when several nodes share one --out).
+    with locked(out, "train", name=f"node{node_rank}" if nnodes > 1 else ""):
+        if nproc_per_node * nnodes > 1:
+            spec = TrainSpec(dataset=str(dataset), out=str(out), config=str(config) if config else None,
+                             overrides=tuple(overrides or ()), resume=resume, overwrite=overwrite,
+                             plan=str(plan) if plan else None, track=not no_track,
+                             tracking_uri=tracking_uri, experiment=experiment)
+            code = launch(spec, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
+            if code:
+                raise CtrctlError(f"training workers failed (exit code {code})",
+                                  hint="the worker lines above name the rank and the error")
+            console.print(f"[green]trained[/] with {nproc_per_node * nnodes} processes -> {out}")
+            return
+        result = train(dataset, out, cfg, resume=resume, overwrite=overwrite,
+                       plan=sharding,
+                       tracker=tracker,
+                       progress=make_progress())
+        table = Table(title=f"train: {result.step:,} steps, {result.samples_per_s:,.0f} samples/s")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for key, value in sorted(result.metrics.items()):
+            table.add_row(key, f"{value:.5f}" if isinstance(value, float) else str(value))
+        console.print(table)
+        console.print(f"checkpoint: {result.checkpoint}")
 
 
 def register(app: typer.Typer) -> None:

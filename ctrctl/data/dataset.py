@@ -150,6 +150,14 @@ def _take_multihot(
     return out
 
 
+def _id_error(feature: str, value: int, size: int, where: str) -> DatasetError:
+    return DatasetError(
+        f"feature {feature!r} has id {value:,}, outside its table of {size:,} rows",
+        where=where,
+        hint="the manifest does not describe these files; re-run `ctrctl preprocess` "
+             "rather than editing manifest.json")
+
+
 class BatchLoader:
     """Batches of one split of a dataset for one rank.
 
@@ -224,6 +232,8 @@ class BatchLoader:
         self._multihot_keys = [k for k in self.keys if k in self._multi_hot]
         self._columns = [self.manifest.label, *self.manifest.dense_names, *self.keys]
         self.files = self._split_files()
+        self._unchecked: set[str] = set()
+        self._sizes = self.manifest.table_sizes()
         total = self._open_and_check()
         if max_rows is not None:
             total = min(total, max_rows)
@@ -278,7 +288,11 @@ class BatchLoader:
         self._row_groups: list[list[int]] = []
         total = 0
         for path in self.files:
-            meta = pq.ParquetFile(path)
+            try:
+                meta = pq.ParquetFile(path)
+            except (pa.ArrowException, OSError) as exc:
+                raise DatasetError(f"not a readable Parquet file ({exc})", where=str(path),
+                                   hint="re-run `ctrctl preprocess` to write it again") from None
             schema = meta.schema_arrow
             for name in self._columns:
                 if name not in schema.names:
@@ -297,10 +311,33 @@ class BatchLoader:
                         f"{'a list of ids' if want_list else 'one value per row'}",
                         where=str(path),
                     )
+            self._check_id_ranges(path, meta)
             counts = [meta.metadata.row_group(i).num_rows for i in range(meta.num_row_groups)]
             self._row_groups.append(counts)
             total += sum(counts)
         return total
+
+    def _check_id_ranges(self, path: Path, meta: pq.ParquetFile) -> None:
+        """Every sparse id within its table, from the row groups' min/max statistics.
+
+        A manifest out of step with its data would otherwise train on wrong rows silently
+        (FBGEMM maps an out-of-range id to row 0). Columns written without statistics are
+        checked when their rows are decoded instead.
+        """
+        sizes = self._sizes
+        leaf = {meta.schema.column(i).path.split(".")[0]: i for i in range(meta.metadata.num_columns)}
+        for name in self.keys:
+            column = leaf.get(name)
+            for group in range(meta.num_row_groups):
+                stats = None if column is None else (
+                    meta.metadata.row_group(group).column(column).statistics)
+                if stats is None or not stats.has_min_max:
+                    self._unchecked.add(name)
+                    continue
+                low, high = int(stats.min), int(stats.max)
+                if low < 0 or high >= sizes[name]:
+                    raise _id_error(name, low if low < 0 else high, sizes[name],
+                                    f"{path} (row group {group})")
 
     def _make_chunks(self, start: int, stop: int) -> list[_Chunk]:
         chunks = []
@@ -374,6 +411,8 @@ class BatchLoader:
         onehot = np.empty((len(self._onehot_keys), n), dtype=np.int64)
         for j, name in enumerate(self._onehot_keys):
             values = table.column(name).to_numpy()
+            if name in self._unchecked:
+                self._check_values(name, values)
             if perm is None:
                 onehot[j] = values
             else:
@@ -386,11 +425,21 @@ class BatchLoader:
             offsets = column.offsets.to_numpy().astype(np.int64)
             values = column.values.to_numpy().astype(np.int64)
             values = values[offsets[0]:offsets[-1]]
+            if name in self._unchecked:
+                self._check_values(name, values)
             offsets = offsets - offsets[0]
             multihot.append((np.diff(offsets), offsets, values))
         if multihot and perm is not None:
             multihot = _take_multihot(multihot, perm)
         return _Block(labels, dense, onehot, multihot)
+
+    def _check_values(self, name: str, values: np.ndarray) -> None:
+        if values.size == 0:
+            return
+        size = self._sizes[name]
+        low, high = int(values.min()), int(values.max())
+        if low < 0 or high >= size:
+            raise _id_error(name, low if low < 0 else high, size, f"split {self.split!r}")
 
     # ---- batches ------------------------------------------------------------------------
     def _ones(self, n: int) -> torch.Tensor:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrctl.errors import DatasetError, FormatError
-from ctrctl.io import read_json_file, write_json_atomic
+from ctrctl.io import inside, read_json_file, write_json_atomic
 
 FORMAT = "ctrctl.dataset"
 FORMAT_VERSION = 1
@@ -153,7 +153,8 @@ class DatasetManifest:
             sparse = tuple(SparseFeature(**s) for s in data["sparse"])
             splits = {
                 k: SplitInfo(rows=int(v["rows"]), label_rate=float(v["label_rate"]),
-                             files=tuple(v.get("files", ())))
+                             files=tuple(inside(str(f), FormatError, where)
+                                         for f in v.get("files", ())))
                 for k, v in data["splits"].items()
             }
             manifest = cls(

@@ -41,6 +41,7 @@ from ctrctl.data.readers import (
     day_of,
     file_digest,
     parse_input,
+    reading,
     scan_input,
 )
 from ctrctl.data.schema import Schema, load_schema
@@ -130,7 +131,8 @@ def _plan_jobs(
                                   where=f"{source.split}={source.path}")
             if day_of(source.path) == last_day:
                 # The last day is halved in file order: first half val, second half test.
-                rows = job.scan.frame.select(pl.len()).collect(engine="streaming").item()
+                with reading(source.path):
+                    rows = job.scan.frame.select(pl.len()).collect(engine="streaming").item()
                 job.split_expr = pl.when(pl.col(ROW) < rows // 2).then(pl.lit("val"))
                 job.split_expr = job.split_expr.otherwise(pl.lit("test"))
                 job.split_rule = ("halves", rows // 2)
@@ -149,6 +151,18 @@ def _plan_jobs(
             job.split_expr = pl.lit(source.split or "train")
             job.split_rule = ("literal", source.split or "train")
     return jobs
+
+
+def _refuse_output_over_inputs(out: Path, inputs: Sequence[Path]) -> None:
+    """An output that is, or holds, an input would delete it when replaced (--overwrite)."""
+    target = out.resolve()
+    for path in inputs:
+        source = path.resolve()
+        if source == target or target in source.parents:
+            raise ConfigError(
+                "the output folder contains an input" if source != target
+                else "the output folder is an input", where=f"--out {out} and {path}",
+                hint="choose an --out outside the inputs' folders")
 
 
 def preprocess(
@@ -210,6 +224,8 @@ def preprocess(
     ratio = _parse_ratio(split_ratio)
     if split_by_day and ratio is not None:
         raise ConfigError("--split-by-day and --split-ratio exclude each other")
+    _refuse_output_over_inputs(out, [s.path for s in sources] + (
+        [Path(reuse_transforms)] if reuse_transforms is not None else []))
     check_destination(out, overwrite)
 
     with tracker.run("preprocess") as run:
@@ -374,8 +390,24 @@ def _stream_job(
     """Stream one input to its Parquet parts; returns per-split counts.
 
     Inputs the native parser can take go through it (``ctrctl.data.fastpath``); the rest, and
-    any input with a row it does not take, go through polars.
+    any input with a row it does not take, go through polars. A truncated gzip input is one
+    error naming the line where its data stops.
     """
+    with reading(job.source.path):
+        return _stream_one(schema, job, kinds, vocabs, staged, on_bad_rows, row_group_size,
+                           progress)
+
+
+def _stream_one(
+    schema: Schema,
+    job: _Job,
+    kinds: dict[str, tuple[str, int | None, bool]],
+    vocabs: dict[str, pl.DataFrame],
+    staged: bool,
+    on_bad_rows: BadRows,
+    row_group_size: int,
+    progress: Progress,
+) -> dict[str, dict[str, int]]:
     possible = _possible_splits(job)
     job.targets = [t for t in job.targets if t.split in possible]
     paths = {t.split: t.path for t in job.targets}
@@ -432,7 +464,8 @@ def _stream_job(
     else:
         summary = frame.group_by(SPLIT).agg(aggregates)
     try:
-        results = pl.collect_all([sink, summary.lazy()], engine="streaming")
+        with reading(job.source.path):
+            results = pl.collect_all([sink, summary.lazy()], engine="streaming")
     except pl.exceptions.PolarsError as exc:
         raise InputDataError(f"cannot read input: {exc}", where=str(job.source.path)) from exc
     table = results[-1]

@@ -13,9 +13,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import re
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,10 +103,63 @@ def is_gzip(path: Path) -> bool:
         return handle.read(2) == b"\x1f\x8b"
 
 
+#: What reading a damaged gzip stream raises: in Python's gzip module and in polars.
+_GZIP_READ_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, OSError, pl.exceptions.PolarsError)
+
+
+def gzip_damage(path: Path) -> InputDataError | None:
+    """Why the gzip file ``path`` cannot be read to its end, or None when it can.
+
+    Decompresses the whole stream once (every member), counting lines, so the error names
+    the line where the data stops; it runs only after a read has failed.
+    """
+    lines = size = 0
+    inflate = zlib.decompressobj(wbits=31)
+    problem = None
+    with path.open("rb") as raw:
+        while True:
+            chunk = inflate.unused_data or raw.read(1 << 16)
+            if not chunk:
+                if not inflate.eof:
+                    problem = "is cut off"
+                break
+            if inflate.eof:  # the next member of a multi-member file
+                inflate = zlib.decompressobj(wbits=31)
+            try:
+                data = inflate.decompress(chunk)
+            except zlib.error as exc:
+                problem = f"is damaged ({exc})"
+                break
+            lines += data.count(b"\n")
+            size += len(data)
+        where = raw.tell()
+    if problem is None:
+        return None
+    return InputDataError(
+        f"gzip input {problem}: its data stops after {size:,} decompressed bytes, in line "
+        f"{lines + 1:,} (compressed byte {where:,} of {path.stat().st_size:,})",
+        where=f"{path}:{lines + 1}",
+        hint="download or copy the file again; `gzip -t FILE` checks a file")
+
+
+@contextlib.contextmanager
+def reading(path: Path) -> Iterator[None]:
+    """Turn a failed read of a truncated or corrupt gzip input into one clear error."""
+    try:
+        yield
+    except _GZIP_READ_ERRORS as exc:
+        if isinstance(exc, (FileNotFoundError, PermissionError)) or not is_gzip(path):
+            raise
+        damage = gzip_damage(path)
+        if damage is None:
+            raise
+        raise damage from exc
+
+
 def _sample(path: Path) -> bytes:
     """The first MiB of the (decompressed) file."""
     if is_gzip(path):
-        with gzip.open(path, "rb") as handle:
+        with reading(path), gzip.open(path, "rb") as handle:
             return handle.read(_SAMPLE_BYTES)
     with path.open("rb") as handle:
         return handle.read(_SAMPLE_BYTES)

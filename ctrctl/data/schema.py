@@ -50,6 +50,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from ctrctl.errors import SchemaError
+from ctrctl.io import read_text
 
 Role = Literal["label", "dense", "sparse", "ignore"]
 DerivedFeature = Literal["hour_of_day", "weekday", "day"]
@@ -242,11 +243,10 @@ def load_schema(path: str | Path) -> Schema:
         'click'
     """
     path = Path(path)
-    if not path.is_file():
-        raise SchemaError("schema file not found", where=str(path),
-                          hint="pass --schema schemas/criteo.yaml or another schema YAML")
+    text = read_text(path, SchemaError, "schema file",
+                     hint="pass --schema schemas/criteo.yaml or another schema YAML")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise SchemaError(f"invalid YAML: {exc}", where=str(path)) from exc
     return Schema.from_dict(data, where=str(path))

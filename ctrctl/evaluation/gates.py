@@ -3,7 +3,7 @@
 Forms: ``METRIC>=X``, ``METRIC<=X``, ``METRIC>X``, ``METRIC<X`` and ``METRIC=X+-TOL`` (``±``
 also accepted). Gates are parsed before anything is evaluated, so a malformed gate or an
 unknown metric name fails fast; a failed gate raises :class:`~ctrctl.errors.GateError`
-(exit code 2) naming the gate and the margin it missed by.
+(exit code 3) naming the gate and the margin it missed by.
 
 Example:
     >>> gates = parse_gates(["auc>=0.7", "calibration=1.0+-0.05"])

@@ -66,8 +66,27 @@ def split_files(dataset: Path, manifest: DatasetManifest, split: str) -> list[Pa
     return files
 
 
+def _parquet(path: Path) -> pq.ParquetFile:
+    """Open a Parquet file, or one clear error naming it."""
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(f"not a readable Parquet file ({exc})", where=str(path),
+                           hint="write it again (`ctrctl eval --save-predictions`, "
+                                "`ctrctl preprocess`)") from None
+
+
+def _check_numeric(path: Path, schema: pa.Schema, columns: Sequence[str]) -> None:
+    for name in columns:
+        kind = schema.field(name).type
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                or pa.types.is_boolean(kind)):
+            raise DatasetError(f"column {name!r} holds {kind}, not numbers", where=str(path),
+                               hint="labels, scores and weights must be numeric columns")
+
+
 def _check_columns(files: Sequence[Path], columns: Sequence[str]) -> None:
-    names = set(pq.read_schema(files[0]).names)
+    names = set(_parquet(files[0]).schema_arrow.names)
     missing = [c for c in columns if c not in names]
     if missing:
         raise DatasetError(
@@ -98,7 +117,7 @@ def read_columns(
     _check_columns(files, columns)
     offset = 0
     for path in files:
-        handle = pq.ParquetFile(path)
+        handle = _parquet(path)
         rows = handle.metadata.num_rows
         if stop is not None and offset >= stop:
             return
@@ -167,11 +186,15 @@ def predictions_scores(
     if not files or not files[0].is_file():
         raise DatasetError("no predictions Parquet file", where=str(path),
                            hint="write one with `ctrctl eval --save-predictions`")
-    names = set(pq.read_schema(files[0]).names)
+    handles = [_parquet(f) for f in files]
+    names = set(handles[0].schema_arrow.names)
     base = ["label", "score"] + (["weight"] if "weight" in names else [])
+    _check_columns(files, base)
+    for f, handle in zip(files, handles, strict=True):
+        _check_numeric(f, handle.schema_arrow, base)
     own = [f for f in features if f in names]
     others = [f for f in features if f not in names]
-    rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    rows = sum(h.metadata.num_rows for h in handles)
     start, stop = rank_range(rows, rank, world_size)
     stream = None
     if others:

@@ -87,3 +87,35 @@ def test_console_script_runs_synth(tmp_path: Path) -> None:
     assert "best AUC" in done.stderr
     assert (out / "train.csv").read_text().startswith("id,click,hour,")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]  # no tracking store
+
+
+def test_version_short_help_and_completion(tmp_path: Path) -> None:
+    from ctrctl import __version__
+
+    done = run([CTRCTL, "--version"], tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == f"ctrctl {__version__}"
+    for args in (["-h"], ["train", "-h"], ["eval", "-h"]):
+        done = run([CTRCTL, *args], tmp_path)
+        assert done.returncode == 0 and "Usage:" in done.stdout, args
+    done = run([CTRCTL, "--help"], tmp_path)
+    assert "--install-completion" in done.stdout
+
+
+def test_choices_are_listed_and_checked(tmp_path: Path) -> None:
+    done = run([CTRCTL, "preprocess", "--help"], tmp_path)
+    assert "error|skip" in done.stdout
+    done = run([CTRCTL, "synth", "--format", "parquet", "--out", "x"], tmp_path)
+    assert done.returncode == 2 and "criteo" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_config_has_a_short_flag_everywhere(tmp_path: Path) -> None:
+    for command in ("train", "plan"):
+        done = run([CTRCTL, command, "--help"], tmp_path)
+        line = next(line for line in done.stdout.splitlines() if "--config" in line)
+        assert " -c " in line, (command, line)
+
+
+def test_experiment_and_tracking_uri_from_the_environment(tmp_path: Path) -> None:
+    done = run([CTRCTL, "synth", "--help"], tmp_path)
+    assert "MLFLOW_EXPERIMENT_NAME" in done.stdout and "MLFLOW_TRACKING_URI" in done.stdout

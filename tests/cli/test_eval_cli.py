@@ -104,7 +104,7 @@ def test_failed_gate_exits_2_and_says_by_how_much(
     code = run_cli(["eval", "--predictions", str(preds), "--dataset", str(dataset),
                     "--out", str(out), "--gate", "auc>=0.99", "--no-track", "--no-baselines"])
     err = capsys.readouterr().err
-    assert code == 2
+    assert code == 3
     assert "auc>=0.99: FAILED" in err and "missed by" in err
     assert "PR-AUC" in err  # the summary is printed before the failure
     auc = json.loads((out / "metrics.json").read_text())["auc"]
@@ -170,7 +170,7 @@ def test_one_class_split_reports_undefined_not_nan(tmp_path: Path,
     assert "auc undefined" in capsys.readouterr().err
     code = run_cli(["eval", "--predictions", str(preds), "--out", str(tmp_path / "o2"),
                     "--no-track", "--gate", "auc>=0.5"])
-    assert code == 2
+    assert code == 3
 
 
 def test_mlflow_run_has_metrics_artifacts_and_training_run_tag(
@@ -216,7 +216,7 @@ def test_two_processes_give_the_one_process_metrics(
     assert run_cli([*common, "--out", str(tmp_path / "one")]) == 0
     code = run_cli([*common, "--out", str(tmp_path / "two"), "--nproc-per-node", "2",
                     "--gate", "auc>=0.99"])
-    assert code == 2  # the parent reports the ranks' failed gate
+    assert code == 3  # the parent reports the ranks' failed gate
     one = json.loads((tmp_path / "one" / "metrics.json").read_text())
     two = json.loads((tmp_path / "two" / "metrics.json").read_text())
     assert two["world_size"] == 2 and two["rows"] == one["rows"]
@@ -271,7 +271,7 @@ def test_criteo_checkpoint_eval_reports_and_a_high_gate_fails(
                     "--split", "test", "--out", str(out), "--segment-by", "C6",
                     "--save-predictions", "--gate", "auc>=0.99", "--no-track"])
     err = capsys.readouterr().err
-    assert code == 2, err
+    assert code == 3, err
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["rows"] == 391 and metrics["auc_mode"] == "exact"
     assert 0.5 < metrics["auc"] < 0.99

@@ -52,7 +52,7 @@ def test_check_reports_margins() -> None:
     text = str(info.value)
     assert "auc>0.75: FAILED, auc=0.72 (missed by 0.03)" in text
     assert "ece is undefined" in text
-    assert info.value.exit_code == 2
+    assert info.value.exit_code == 3
     raise_for_failures(results[:1])  # all passed: no error
 
 

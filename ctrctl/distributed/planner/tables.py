@@ -30,6 +30,7 @@ import yaml
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.distributed.planner.types import TableConstraints, TableSpec
 from ctrctl.errors import ConfigError, PlanError
+from ctrctl.io import read_text
 
 _CONSTRAINT_KEYS = {"sharding_types", "compute_kernels", "min_col_block", "ranks",
                     "cache_load_factor"}
@@ -76,6 +77,11 @@ def tables_from_manifest(manifest: DatasetManifest, embedding_dim: int,
             for f in manifest.sparse]
 
 
+#: Keys a tables YAML may have at its top.
+_TOP_KEYS = {"tables", "constraints", "embedding_dim", "num_embeddings_per_feature",
+             "pooling_factor", "data_type", "optimizer"}
+
+
 def tables_from_dict(data: dict[str, Any], where: str = "tables",
                      optimizer: str = "rowwise_adagrad") -> list[TableSpec]:
     """Tables from the parsed YAML (see the module docstring for the two forms)."""
@@ -84,6 +90,10 @@ def tables_from_dict(data: dict[str, Any], where: str = "tables",
                           where=where)
     by_name = {name: constraints_from_dict(c or {}, f"{where}: constraints.{name}")
                for name, c in (data.get("constraints") or {}).items()}
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown keys: {', '.join(map(str, unknown))}", where=where,
+                          hint=f"known: {', '.join(sorted(_TOP_KEYS))}")
     tables: list[TableSpec] = []
     try:
         if "tables" in data:
@@ -131,10 +141,9 @@ def tables_from_dict(data: dict[str, Any], where: str = "tables",
 def tables_from_yaml(path: str | Path, optimizer: str = "rowwise_adagrad") -> list[TableSpec]:
     """Tables from a tables YAML file."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError("tables file not found", where=str(path))
+    text = read_text(path, ConfigError, "tables file")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML: {exc}", where=str(path)) from exc
     return tables_from_dict(data, where=str(path), optimizer=optimizer)
