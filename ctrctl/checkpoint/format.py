@@ -41,6 +41,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from ctrctl.checkpoint.integrity import file_record, unreadable, verify_file
 from ctrctl.errors import CheckpointError, FormatError
 from ctrctl.io import (
     inside,
@@ -136,6 +137,8 @@ class CheckpointMetadata:
         config: the resolved pipeline config.
         tables: name -> {"rows", "dim", "optimizer", "pieces": [Piece, ...]}.
         extra: anything else the trainer recorded (the manifest itself, metrics).
+        files: every other file of the folder -> {"bytes", "sha256"} (empty in checkpoints
+            written before checksums were recorded).
     """
 
     path: Path
@@ -147,6 +150,11 @@ class CheckpointMetadata:
     config: dict[str, Any]
     tables: dict[str, dict[str, Any]]
     extra: dict[str, Any]
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def file(self, rel: str) -> Path:
+        """The path of one of the checkpoint's files, verified against its checksum."""
+        return verify_file(self.path, rel, self.files)
 
     def pieces(self, table: str) -> list[Piece]:
         if table not in self.tables:
@@ -188,6 +196,7 @@ def _broadcast_name(name: str | None, process_group: Any, world_size: int) -> st
 
 def _gather_pieces(pieces: list[dict[str, Any]], process_group: Any,
                    world_size: int) -> list[dict[str, Any]]:
+    """Every rank's entries (pieces, file records), in rank order."""
     if world_size == 1:
         return pieces
     import torch.distributed as dist
@@ -263,13 +272,20 @@ def save_checkpoint(
                            "rows": shard.rows, "cols": shard.cols, "states": shard.state_kinds()})
         (tmp / "rng").mkdir(exist_ok=True)
         save_file(_rng_state(), str(tmp / "rng" / f"{rank}.safetensors"))
-        all_pieces = _gather_pieces(pieces, process_group, world_size)
+        written = [p["file"] for p in pieces] + [f"rng/{rank}.safetensors"]
+        entries = pieces + [{"record": rel, **file_record(tmp, rel)} for rel in written]
+        gathered = _gather_pieces(entries, process_group, world_size)
+        all_pieces = [p for p in gathered if "record" not in p]
+        files = {p["record"]: {"bytes": p["bytes"], "sha256": p["sha256"]}
+                 for p in gathered if "record" in p}
 
         if rank == 0:
             save_file({k: v.detach().contiguous().cpu() for k, v in dense_state.items()},
                       str(tmp / "dense.safetensors"))
             torch.save(dict(dense_optim_state), tmp / "dense_optimizer.pt")
             write_json_atomic(tmp / "trainer_state.json", dict(trainer_state))
+            for rel in ("dense.safetensors", "dense_optimizer.pt", "trainer_state.json"):
+                files[rel] = file_record(tmp, rel)
             tables: dict[str, dict[str, Any]] = {
                 name: {**dict(info), "pieces": []}
                 for name, info in dict(metadata.get("tables", {})).items()
@@ -294,6 +310,7 @@ def save_checkpoint(
                 "config": metadata.get("config", {}),
                 "tables": tables,
                 "extra": {k: v for k, v in metadata.items() if k not in known},
+                "files": dict(sorted(files.items())),
             })
         _barrier(process_group, world_size)
     except BaseException:
@@ -364,6 +381,8 @@ def read_metadata(path: str | Path) -> CheckpointMetadata:
             world_size=int(data["world_size"]), plan=data.get("plan"),
             manifest_hash=str(data.get("manifest_hash", "")), config=data.get("config", {}),
             tables=tables, extra=data.get("extra", {}),
+            files={inside(str(rel), FormatError, where): dict(entry)
+                   for rel, entry in dict(data.get("files", {})).items()},
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise FormatError(f"malformed checkpoint metadata: {exc!r}", where=where) from exc
@@ -420,7 +439,13 @@ def load_table_shards(
             src_r = slice(lo_r - piece.row_offset, hi_r - piece.row_offset)
             src_c = slice(lo_c - piece.col_offset, hi_c - piece.col_offset)
             dst_r, dst_c = slice(lo_r - r0, hi_r - r0), slice(lo_c - c0, hi_c - c0)
-            with safe_open(str(meta.path / piece.file), framework="pt") as f:
+            file = meta.file(piece.file)
+            try:
+                handle = safe_open(str(file), framework="pt")
+            except Exception as exc:  # safetensors raises its own error types
+                raise unreadable(file, exc) from None
+            with handle as f:
+                _check_piece_shape(f, piece, file)
                 part = f.get_slice("weight")[src_r, src_c]
                 if weight is None:
                     weight = torch.zeros((rows, cols), dtype=part.dtype)
@@ -452,19 +477,34 @@ def load_table_shards(
     return out
 
 
+def _check_piece_shape(f: Any, piece: Piece, file: Path) -> None:
+    shape = tuple(f.get_slice("weight").get_shape())
+    if shape != (piece.rows, piece.cols):
+        raise CheckpointError(
+            f"the weight is {shape[0]} x {shape[1]}, metadata.json says {piece.rows} x "
+            f"{piece.cols}", where=str(file), hint="the checkpoint's files do not match it")
+
+
 def load_dense(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The dense state dict and the dense optimizer's state dict, loaded without pickle code."""
-    folder = resolve_checkpoint(path)
+    meta = read_metadata(path)
+    dense_file, optim_file = meta.file("dense.safetensors"), meta.file("dense_optimizer.pt")
     try:
-        dense = load_file(str(folder / "dense.safetensors"))
-        optim = torch.load(folder / "dense_optimizer.pt", weights_only=True, map_location="cpu")
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"missing {Path(exc.filename).name}", where=str(folder)) from exc
+        dense = load_file(str(dense_file))
+    except Exception as exc:  # safetensors raises its own error types
+        raise unreadable(dense_file, exc) from None
+    try:
+        optim = torch.load(optim_file, weights_only=True, map_location="cpu")
+    except Exception as exc:  # an unpickling error: not a plain tensor dict
+        raise unreadable(optim_file, exc) from None
     return dense, optim
 
 
 def load_trainer_state(path: str | Path) -> dict[str, Any]:
-    folder = resolve_checkpoint(path)
+    meta = read_metadata(path)
+    folder = meta.path
+    if (folder / "trainer_state.json").is_file():
+        meta.file("trainer_state.json")
     return dict(read_json_file(folder / "trainer_state.json", CheckpointError(
         "the checkpoint has no trainer_state.json", where=str(folder),
         hint="pass a checkpoint written by `ctrctl train`")))
@@ -472,8 +512,15 @@ def load_trainer_state(path: str | Path) -> dict[str, Any]:
 
 def load_rng_state(path: str | Path, rank: int = 0) -> dict[str, torch.Tensor] | None:
     """A rank's saved RNG states (None when that rank did not exist in the saving run)."""
-    file = resolve_checkpoint(path) / "rng" / f"{rank}.safetensors"
-    return load_file(str(file)) if file.is_file() else None
+    meta = read_metadata(path)
+    rel = f"rng/{rank}.safetensors"
+    if not (meta.path / rel).is_file() and rel not in meta.files:
+        return None
+    file = meta.file(rel)
+    try:
+        return load_file(str(file))
+    except Exception as exc:  # safetensors raises its own error types
+        raise unreadable(file, exc) from None
 
 
 def restore_rng_state(state: Mapping[str, torch.Tensor] | None) -> None:
