@@ -15,7 +15,7 @@ DEMO_DIR ?= demo
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py ctrctl/data/_fastparse.c
+$(STAMP): pyproject.toml setup.py ctrctl/data/_fastparse.c ctrctl/modules/_embedding_kernel.c
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev,$(FBGEMM_EXTRA)]"

@@ -1,7 +1,12 @@
-"""Builds the optional native fast path of ``ctrctl preprocess``; everything else is in pyproject.toml.
+"""Builds the optional native extensions; everything else is in pyproject.toml.
 
-The extension is optional: where no C compiler is available the build skips it and
-preprocess runs on its polars path alone.
+* ``ctrctl.data._fastparse``: the fast path of ``ctrctl preprocess``;
+* ``ctrctl.modules._embedding_kernel``: the CPU embedding kernel (pooled lookup, fused
+  optimizer update). It includes no torch headers (tensors cross as addresses), so the
+  build needs no torch in pip's isolated build environment.
+
+Both are optional: where no C compiler is available the build skips them and ctrctl runs
+on its polars path and its plain-torch or FBGEMM embedding kernels.
 """
 
 from setuptools import Extension, setup
@@ -13,6 +18,16 @@ setup(
             sources=["ctrctl/data/_fastparse.c"],
             extra_compile_args=["-O3"],
             optional=True,
-        )
+        ),
+        Extension(
+            "ctrctl.modules._embedding_kernel",
+            sources=["ctrctl/modules/_embedding_kernel.c"],
+            # -fno-math-errno lets sqrtf vectorize; -ffp-contract=off rounds as torch
+            # does; target_clones in the source picks AVX-512 / AVX2 / baseline loops at
+            # load time, so no -march here.
+            extra_compile_args=["-O3", "-fno-math-errno", "-ffp-contract=off", "-pthread"],
+            extra_link_args=["-pthread"],
+            optional=True,
+        ),
     ]
 )

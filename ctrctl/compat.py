@@ -106,3 +106,44 @@ def fbgemm_available() -> bool:
             stacklevel=2,
         )
     return ok
+
+
+#: /proc/cpuinfo flags of CPUs with bf16 matrix or dot-product units.
+BF16_CPU_FLAGS: tuple[str, ...] = ("amx_bf16", "avx512_bf16")
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:  # not Linux
+        pass
+    return frozenset()
+
+
+def bf16_autocast_supported(device: object = "cpu") -> bool:
+    """Whether bf16 autocast pays on ``device``: any CUDA device; a CPU with AMX-BF16 or
+    AVX512-BF16 (torch's oneDNN kernels use them). On other CPUs bf16 matmuls are
+    emulated and slower than fp32."""
+    import torch
+
+    kind = torch.device(device).type if isinstance(device, str | torch.device) else "cpu"
+    if kind == "cuda":
+        return True
+    if kind != "cpu":
+        return False
+    flags = _cpu_flags()
+    if flags:
+        return any(flag in flags for flag in BF16_CPU_FLAGS)
+    # No /proc/cpuinfo: ask oneDNN through torch (its bf16 check is the same hardware test).
+    mkldnn = getattr(torch.backends, "mkldnn", None)
+    checker = getattr(getattr(torch.ops, "mkldnn", None), "_is_mkldnn_bf16_supported", None)
+    if mkldnn is not None and mkldnn.is_available() and checker is not None:
+        try:
+            return bool(checker())
+        except RuntimeError:
+            return False
+    return False

@@ -142,7 +142,9 @@ class TrainingConfig(_Section):
         shuffle_buffer: rows shuffled together (whole row groups are gathered up to this).
         drop_last: drop the last partial batch of an epoch.
         device: ``auto`` (cuda when present), ``cpu`` or ``cuda``.
-        bf16: run the dense MLPs under bfloat16 autocast.
+        bf16: run the dense MLPs and the interaction under bfloat16 autocast (fp32 master
+            weights, fp32 embeddings) on CUDA or a CPU with AMX-BF16 / AVX512-BF16; on
+            other CPUs it is ignored with a warning (emulated bf16 is slower than fp32).
         val_split: the split validated on.
         val_max_rows: cap on validation rows (None: the whole split).
         global_order: every rank reads the split in the one-process order and takes its

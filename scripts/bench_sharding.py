@@ -5,8 +5,9 @@ arch 512,256,64, over arch 512,256,1, one id per feature, fused exact rowwise Ad
 tables and Adagrad for the dense part, B samples per rank (global batch 2B). Each
 implementation and type runs in its own pair of processes (gloo, 1 thread each); every step
 gets a fresh random batch; the figure is the global batch over the median step time of the
-timed steps, after warm-up (with ``--repeats``, runs alternate between the implementations and
-the best of each is kept). TorchRec runs each type through a sharder that offers every type on
+timed steps, after warm-up. With ``--repeats``, runs alternate between the implementations;
+reported are the median over repeats, the spread (min-max) and the ratio of each repeat's
+pair (ctrctl's run and the TorchRec run right after it), with the load average. TorchRec runs each type through a sharder that offers every type on
 CPU (its planner alone allows only DP/TW/CW/TWCW there).
 
 Usage:
@@ -44,9 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--no-torchrec", action="store_true", help="ctrctl only")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="runs per implementation, interleaved; the best is kept (a shared "
-                             "machine's load changes from minute to minute)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs per implementation, interleaved (a shared machine's load "
+                             "changes from minute to minute): medians and spreads reported")
     parser.add_argument("--out", type=Path, default=Path("bench-out/sharding.json"))
     args = parser.parse_args(argv)
     if args.quick:
@@ -186,24 +187,35 @@ def main(argv: list[str] | None = None) -> int:
             print("torchrec is not installed (make bench-setup): measuring ctrctl only")
             impls = ["ctrctl"]
     results: dict[str, Any] = {"config": {**cfg, "world_size": args.world_size}, "types": {}}
-    print(f"{'type':<20}{'ctrctl samples/s':>18}{'torchrec samples/s':>20}{'ratio':>8}")
+    print(f"{'type':<20}{'ctrctl samples/s':>18}{'torchrec samples/s':>20}{'ratio':>8}"
+          f"   (medians of {args.repeats} repeats)")
     for kind in [t for t in args.types.split(",") if t]:
         runs: dict[str, list[dict[str, Any]]] = {impl: [] for impl in impls}
         for _ in range(args.repeats):
             for impl in impls:
                 runs[impl].append(measure(impl, kind, cfg, args.world_size))
-        row: dict[str, Any] = {
-            impl: max(rs, key=lambda r: r.get("samples_per_s", 0.0)) | {
-                "all_samples_per_s": [r.get("samples_per_s") for r in rs]}
-            for impl, rs in runs.items()}
+        row: dict[str, Any] = {}
+        for impl, rs in runs.items():
+            rates = [r["samples_per_s"] for r in rs if "samples_per_s" in r]
+            row[impl] = ({"samples_per_s": statistics.median(rates), "min": min(rates),
+                          "max": max(rates), "all_samples_per_s": rates} if rates
+                         else {"error": next((r["error"] for r in rs if "error" in r), "-")})
+        pairs = [a["samples_per_s"] / b["samples_per_s"]
+                 for a, b in zip(runs["ctrctl"], runs.get("torchrec", []), strict=False)
+                 if "samples_per_s" in a and "samples_per_s" in b]
         mine = row["ctrctl"].get("samples_per_s")
         ref = row.get("torchrec", {}).get("samples_per_s")
-        row["ratio"] = mine / ref if mine and ref else None
+        row["ratio"] = statistics.median(pairs) if pairs else None
+        row["ratio_spread"] = [min(pairs), max(pairs)] if pairs else None
+        row["loadavg"] = Path("/proc/loadavg").read_text().strip()
         results["types"][kind] = row
         cells = [f"{mine:,.0f}" if mine else row["ctrctl"].get("error", "-")[:16],
                  f"{ref:,.0f}" if ref else (row.get("torchrec", {}).get("error", "-")[:18]),
                  f"{row['ratio']:.2f}" if row["ratio"] else "-"]
-        print(f"{kind:<20}{cells[0]:>18}{cells[1]:>20}{cells[2]:>8}", flush=True)
+        if row["ratio_spread"]:
+            cells[2] += f" [{row['ratio_spread'][0]:.2f}-{row['ratio_spread'][1]:.2f}]"
+        print(f"{kind:<20}{cells[0]:>18}{cells[1]:>20}  {cells[2]:<18} load {row['loadavg']}",
+              flush=True)
     write_json_atomic(args.out, results)
     print(f"results: {args.out}")
     return 0

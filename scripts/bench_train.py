@@ -1,29 +1,40 @@
-"""DLRM training throughput on CPU: ctrctl against plain torch and TorchRec, in one run.
+"""DLRM training throughput on CPU: ctrctl against TorchRec and plain torch, in one run.
 
 The same model (26 tables x 100,000 rows x dim 64, 13 dense features, dense arch 512,256,64,
 dot interaction, over arch 512,256,1, one id per feature, batch 4096) and the same batches,
-trained three ways:
+trained by:
 
-* ``ctrctl``: :class:`ctrctl.modules.DLRM` on one FBGEMM TBE for all 26 tables, exact rowwise
-  Adagrad fused into backward; fused Adagrad on the dense parameters. Where its time goes
-  differs from TorchRec's: the dot interaction's backward is written out (one batched matmul
-  where autograd through bmm takes two, no index_put); its output is padded with one zero column
-  (415 -> 416, a GEMM-friendly width: the same model, the padded weights stay zero);
+* ``ctrctl``: :class:`ctrctl.modules.DLRM` on one embedding kernel for all 26 tables (the one
+  ``backend="auto"`` picks: the native C kernel on CPU), exact row-wise Adagrad fused into
+  backward; fused Adagrad on the dense parameters. The dot interaction's backward is written
+  out and its output padded to 416 columns (the same model: the padded weights stay zero);
+* ``ctrctl-bf16``: the same model object with bf16 autocast on its dense part (MLPs and
+  interaction; fp32 master weights and embeddings), where the CPU has AMX-BF16/AVX512-BF16;
 * ``torch-sparse``: the same DLRM (ctrctl's MLP and DotInteraction, unpadded) with 26
   ``nn.EmbeddingBag(sparse=True)`` and ``torch.optim.Adagrad`` on their sparse gradients,
-  Adagrad on the dense parameters: what the embeddings cost without a fused kernel;
+  Adagrad on the dense parameters: the plain-torch reference;
 * ``torchrec``: TorchRec 1.8.0's DLRM and EmbeddingBagCollection under
-  DistributedModelParallel at world size 1 (table_wise, fused rowwise Adagrad through
+  DistributedModelParallel at world size 1 (table_wise, fused row-wise Adagrad through
   ``apply_optimizer_in_backward``), Adagrad on the dense parameters. Skipped with a note when
-  torchrec is not installed (it is a benchmark reference, never a ctrctl dependency).
+  torchrec is not installed (a benchmark reference, never a ctrctl dependency:
+  ``make bench-setup``).
 
 Each step is forward + BCE loss + backward (with the fused embedding update) + dense optimizer
-step, on fresh random batches made before timing. The implementations take turns in rounds
-(a few steps each) so that load from other processes falls on all of them alike; the figure
-is the median step time after warm-up, as samples/s, and ratios are against each reference.
+step, on random batches made before timing: uniform ids, and Zipf(1.1) ids (rank r drawn with
+probability ~ r^-1.1, ranks scattered over the rows by a fixed permutation per table: hot rows
+repeat inside a batch, where a kernel that sums each row's gradient once gains). Every setting
+(threads x ids) runs the implementations in turns of a few steps each, so load from other
+processes falls on all of them alike; the figure is the median step time after warm-up, as
+samples/s, and each ratio is taken within one repeat. ``--repeats`` runs the whole matrix
+again: reported are the median over repeats and the spread (min-max).
+
+``--parquet`` adds the model trained through ``ctrctl.train`` on a synthetic Parquet dataset
+(26 sparse features hashed to 100,000, loading and the loader's threads included), timed
+against TorchRec's raw step in the same run.
 
 Usage:
-    python scripts/bench_train.py [--quick] [--steps 20] [--warmup 5] [--threads 2]
+    python scripts/bench_train.py [--quick] [--steps 8] [--warmup 2] [--threads 2,1]
+                                  [--ids uniform,zipf] [--repeats 3] [--parquet]
                                   [--out bench-out/train.json]
 """
 
@@ -35,6 +46,7 @@ import logging
 import os
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -45,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctrctl.compat import bf16_autocast_supported
 from ctrctl.io import write_json_atomic
 from ctrctl.modules import (
     DLRM,
@@ -60,6 +73,9 @@ from ctrctl.sparse import KeyedJaggedTensor
 LR = 0.01
 EPS = 1e-8
 DENSE_FEATURES = 13
+ZIPF_EXPONENT = 1.1
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # dense (B, 13), ids (T * B,), labels
+Step = Callable[[Batch], None]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,39 +85,72 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rows", type=int, default=100_000, help="rows per table")
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per implementation")
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per setting")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per setting")
     parser.add_argument("--round", type=int, default=2, help="steps per turn")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    parser.add_argument("--threads", default="2,1", help="comma-separated thread counts")
+    parser.add_argument("--ids", default="uniform,zipf", help="uniform and/or zipf")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of the whole matrix")
     parser.add_argument("--only", default="", help="comma-separated implementations")
+    parser.add_argument("--parquet", action="store_true",
+                        help="also train through ctrctl.train on a Parquet dataset")
+    parser.add_argument("--parquet-steps", type=int, default=12)
     parser.add_argument("--out", type=Path, default=Path("bench-out/train.json"))
     args = parser.parse_args(argv)
     if args.quick:
-        args.rows, args.steps, args.warmup, args.round = 10_000, 6, 2, 2
+        args.rows, args.steps, args.warmup, args.repeats = 10_000, 4, 1, 1
+        args.batch_size, args.parquet_steps = 1024, 4
+    args.thread_counts = [int(t) for t in args.threads.split(",") if t]
+    args.id_kinds = [k for k in args.ids.split(",") if k]
     return args
 
 
 # ---- data -----------------------------------------------------------------------------
 
 
-def make_batches(
-    n: int, tables: int, rows: int, batch: int, seed: int = 0
-) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """(dense (B, 13), ids (tables * B,) key-major, labels (B,)) per step, uniform ids."""
+def zipf_ids(tables: int, rows: int, batch: int, gen: torch.Generator,
+             permutations: list[torch.Tensor]) -> torch.Tensor:
+    """(tables * batch,) ids, feature-major: Zipf(1.1) ranks mapped through a fixed
+    permutation of each table's rows."""
+    ranks = torch.arange(1, rows + 1, dtype=torch.float64)
+    cdf = torch.cumsum(ranks ** -ZIPF_EXPONENT, 0)
+    cdf /= cdf[-1].clone()
+    u = torch.rand(tables, batch, generator=gen, dtype=torch.float64)
+    drawn = torch.searchsorted(cdf, u).clamp_(max=rows - 1)  # (T, B) ranks
+    return torch.stack([permutations[t][drawn[t]] for t in range(tables)]).reshape(-1)
+
+
+def make_batches(n: int, tables: int, rows: int, batch: int, kind: str = "uniform",
+                 seed: int = 0) -> list[Batch]:
+    """(dense (B, 13), ids (tables * B,) key-major, labels (B,)) per step."""
     gen = torch.Generator().manual_seed(seed)
+    permutations = [torch.randperm(rows, generator=gen) for _ in range(tables)]
     out = []
     for _ in range(n):
         dense = torch.rand(batch, DENSE_FEATURES, generator=gen)
-        ids = torch.randint(0, rows, (tables * batch,), generator=gen)
+        if kind == "zipf":
+            ids = zipf_ids(tables, rows, batch, gen, permutations)
+        else:
+            ids = torch.randint(0, rows, (tables * batch,), generator=gen)
         labels = torch.randint(0, 2, (batch,), generator=gen).float()
         out.append((dense, ids, labels))
     return out
 
 
-# ---- the three trainers: each returns a step(batch_index) function ---------------------
+def distinct_fraction(batches: list[Batch], tables: int) -> float:
+    """Distinct (table, id) pairs over ids, averaged over batches."""
+    values = []
+    for _, ids, _ in batches:
+        per_table = ids.view(tables, -1)
+        distinct = sum(int(torch.unique(per_table[t]).numel()) for t in range(tables))
+        values.append(distinct / ids.numel())
+    return statistics.mean(values)
 
 
-def ctrctl_trainer(args: argparse.Namespace, batches: list[Any]) -> Callable[[int], None]:
+# ---- the trainers: each returns step(batch) --------------------------------------------
+
+
+def ctrctl_trainer(args: argparse.Namespace, bf16: bool = False) -> Step:
     keys = [f"C{i}" for i in range(args.tables)]
     configs = [EmbeddingBagConfig(f"t_{k}", args.rows, args.dim, [k]) for k in keys]
     ebc = EmbeddingBagCollection(
@@ -113,19 +162,19 @@ def ctrctl_trainer(args: argparse.Namespace, batches: list[Any]) -> Callable[[in
     optimizer = torch.optim.Adagrad(model.dense_parameters(), lr=LR, fused=True)
     lengths = torch.ones(args.tables * args.batch_size, dtype=torch.long)
     offsets = torch.arange(args.tables * args.batch_size + 1)
-    kjts = [
-        KeyedJaggedTensor(keys, ids, lengths=lengths, offsets=offsets, stride=args.batch_size)
-        for _, ids, _ in batches
-    ]
 
-    def step(i: int) -> None:
-        dense, _, labels = batches[i]
-        loss = dlrm_loss(model(dense, kjts[i]), labels)
+    def step(batch: Batch, bf16: bool = bf16) -> None:
+        dense, ids, labels = batch
+        kjt = KeyedJaggedTensor(keys, ids, lengths=lengths, offsets=offsets,
+                                stride=args.batch_size)
+        model.dense_autocast = bf16
+        loss = dlrm_loss(model(dense, kjt), labels)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
 
     step.backends = ebc.backends()  # type: ignore[attr-defined]
+    step.bf16_step = lambda batch: step(batch, True)  # type: ignore[attr-defined]
     return step
 
 
@@ -159,7 +208,7 @@ class SparseEmbeddingDLRM(nn.Module):
         return self.over_arch(x).squeeze(1)
 
 
-def torch_sparse_trainer(args: argparse.Namespace, batches: list[Any]) -> Callable[[int], None]:
+def torch_sparse_trainer(args: argparse.Namespace) -> Step:
     model = SparseEmbeddingDLRM(args.tables, args.rows, args.dim)
     sparse_params = list(model.bags.parameters())
     dense_params = [p for n, p in model.named_parameters() if not n.startswith("bags.")]
@@ -167,8 +216,8 @@ def torch_sparse_trainer(args: argparse.Namespace, batches: list[Any]) -> Callab
     dense_opt = torch.optim.Adagrad(dense_params, lr=LR)
     offsets = torch.arange(args.batch_size)
 
-    def step(i: int) -> None:
-        dense, ids, labels = batches[i]
+    def step(batch: Batch) -> None:
+        dense, ids, labels = batch
         loss = F.binary_cross_entropy_with_logits(model(dense, ids, offsets), labels)
         sparse_opt.zero_grad()
         dense_opt.zero_grad()
@@ -179,7 +228,7 @@ def torch_sparse_trainer(args: argparse.Namespace, batches: list[Any]) -> Callab
     return step
 
 
-def torchrec_trainer(args: argparse.Namespace, batches: list[Any]) -> Callable[[int], None]:
+def torchrec_trainer(args: argparse.Namespace) -> Step:
     import torch.distributed as dist
     import torchrec  # noqa: F401
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -239,11 +288,11 @@ def torchrec_trainer(args: argparse.Namespace, batches: list[Any]) -> Callable[[
         lambda params: torch.optim.Adagrad(params, lr=LR),
     )
     lengths = torch.ones(args.tables * args.batch_size, dtype=torch.long)
-    kjts = [TrecKJT(keys=keys, values=ids, lengths=lengths) for _, ids, _ in batches]
 
-    def step(i: int) -> None:
-        dense, _, labels = batches[i]
-        logits = dmp(dense, kjts[i]).squeeze(-1)
+    def step(batch: Batch) -> None:
+        dense, ids, labels = batch
+        kjt = TrecKJT(keys=keys, values=ids, lengths=lengths)
+        logits = dmp(dense, kjt).squeeze(-1)
         loss = F.binary_cross_entropy_with_logits(logits, labels)
         dense_opt.zero_grad()
         loss.backward()
@@ -252,34 +301,47 @@ def torchrec_trainer(args: argparse.Namespace, batches: list[Any]) -> Callable[[
     return step
 
 
-# ---- timing --------------------------------------------------------------------------
-
-
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    torch.set_num_threads(args.threads)
-    n = args.warmup + args.steps
-    batches = make_batches(n, args.tables, args.rows, args.batch_size)
-    builders: dict[str, Callable[[argparse.Namespace, list[Any]], Callable[[int], None]]] = {
-        "ctrctl": ctrctl_trainer,
-        "torch-sparse": torch_sparse_trainer,
-        "torchrec": torchrec_trainer,
-    }
-    wanted = [name for name in args.only.split(",") if name] or list(builders)
-    notes: dict[str, str] = {}
-    steps: dict[str, Callable[[int], None]] = {}
+def build_steps(args: argparse.Namespace, notes: dict[str, str]) -> dict[str, Step]:
+    wanted = [n for n in args.only.split(",") if n] or [
+        "ctrctl", "ctrctl-bf16", "torchrec", "torch-sparse"]
+    steps: dict[str, Step] = {}
+    ctrctl_step: Step | None = None
     for name in wanted:
-        if name == "torchrec":
+        if name in ("ctrctl", "ctrctl-bf16"):
+            if name == "ctrctl-bf16" and not bf16_autocast_supported("cpu"):
+                notes[name] = "skipped: this CPU has no AMX-BF16/AVX512-BF16"
+                continue
+            if ctrctl_step is None:
+                ctrctl_step = ctrctl_trainer(args)  # one model: bf16 toggles its autocast
+            steps[name] = ctrctl_step if name == "ctrctl" else ctrctl_step.bf16_step  # type: ignore[attr-defined]
+        elif name == "torchrec":
             try:
                 import torchrec  # noqa: F401
             except Exception as exc:  # ImportError, or an fbgemm mismatch inside torchrec
                 notes[name] = (
                     f"skipped: torchrec is not importable ({exc}); install it for the benchmark "
-                    "only: pip install --no-deps torchrec==1.8.0 && pip install tensordict tqdm "
-                    "pyre-extensions iopath"
+                    "only: make bench-setup"
                 )
                 continue
-        steps[name] = builders[name](args, batches)
+            steps[name] = torchrec_trainer(args)
+        elif name == "torch-sparse":
+            steps[name] = torch_sparse_trainer(args)
+        else:
+            raise SystemExit(f"unknown implementation {name!r}")
         gc.collect()
+    if ctrctl_step is not None:
+        notes["ctrctl embedding kernel"] = ",".join(ctrctl_step.backends)  # type: ignore[attr-defined]
+    return steps
+
+
+# ---- timing --------------------------------------------------------------------------
+
+
+def time_setting(steps: dict[str, Step], batches: list[Batch], args: argparse.Namespace,
+                 cpu: dict[str, list[float]] | None = None) -> dict[str, float]:
+    """Median step seconds per implementation, the implementations taking turns; the median
+    process CPU seconds per step (all threads) are appended to ``cpu``."""
+    n = args.warmup + args.steps
     times: dict[str, list[float]] = {name: [] for name in steps}
     cpu_times: dict[str, list[float]] = {name: [] for name in steps}
     position = dict.fromkeys(steps, 0)
@@ -290,36 +352,132 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if i >= n:
                     break
                 start, cpu_start = time.perf_counter(), time.process_time()
-                step(i)
-                elapsed = time.perf_counter() - start
+                step(batches[i])
                 if i >= args.warmup:
-                    times[name].append(elapsed)
+                    times[name].append(time.perf_counter() - start)
                     cpu_times[name].append(time.process_time() - cpu_start)
                 position[name] = i + 1
+    if cpu is not None:
+        for name, values in cpu_times.items():
+            cpu.setdefault(name, []).append(statistics.median(values))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def loadavg() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().strip()
+    except OSError:
+        return "n/a"
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    notes: dict[str, str] = {}
+    steps = build_steps(args, notes)
+    n = args.warmup + args.steps
+    batch_sets = {kind: make_batches(n, args.tables, args.rows, args.batch_size, kind)
+                  for kind in args.id_kinds}
+    distinct = {kind: distinct_fraction(b, args.tables) for kind, b in batch_sets.items()}
+    # samples/s per (setting, implementation), one value per repeat
+    rates: dict[str, dict[str, list[float]]] = {}
+    cpu: dict[str, dict[str, list[float]]] = {}  # CPU seconds per step, per repeat
+    loads: list[str] = [loadavg()]
+    for _ in range(args.repeats):
+        for threads in args.thread_counts:
+            torch.set_num_threads(threads)
+            for kind in args.id_kinds:
+                setting = f"{threads} threads, {kind} ids"
+                medians = time_setting(steps, batch_sets[kind], args, cpu.setdefault(setting, {}))
+                for name, seconds in medians.items():
+                    rates.setdefault(setting, {}).setdefault(name, []).append(
+                        args.batch_size / seconds)
+        loads.append(loadavg())
     results: dict[str, Any] = {}
-    for name, values in times.items():
-        median = statistics.median(values)
-        results[name] = {
-            "median_step_ms": median * 1000,
-            "samples_per_s": args.batch_size / median,
-            "step_ms": [v * 1000 for v in values],
-            # Process CPU time (all threads): steadier than wall time on a shared machine.
-            "median_cpu_ms": statistics.median(cpu_times[name]) * 1000,
-        }
-    if "ctrctl" in steps:
-        results["ctrctl"]["embedding_backends"] = getattr(steps["ctrctl"], "backends", [])
-        for ref in ("torch-sparse", "torchrec"):
-            if ref in results:
-                results["ctrctl"][f"ratio_vs_{ref}"] = (
-                    results["ctrctl"]["samples_per_s"] / results[ref]["samples_per_s"]
-                )
-    return {
+    for setting, per_impl in rates.items():
+        entry: dict[str, Any] = {name: summary(v) for name, v in per_impl.items()}
+        ratios: dict[str, Any] = {}
+        for name in ("ctrctl", "ctrctl-bf16"):
+            for ref in ("torchrec", "torch-sparse", "ctrctl"):
+                if name in per_impl and ref in per_impl and ref != name:
+                    ratios[f"{name} / {ref}"] = summary(
+                        [a / b for a, b in zip(per_impl[name], per_impl[ref], strict=True)])
+        entry["ratios"] = ratios
+        # CPU time per step (all threads): less sensitive than wall time to other processes
+        # on a shared machine; the ratio of CPU seconds per sample, within each repeat.
+        entry["cpu_ms_per_step"] = {k: summary([1000 * x for x in v])
+                                    for k, v in cpu[setting].items()}
+        entry["cpu_ratios"] = {
+            f"{name} / {ref}": summary([b / a for a, b in zip(cpu[setting][name],
+                                                               cpu[setting][ref], strict=True)])
+            for name in ("ctrctl", "ctrctl-bf16") for ref in ("torchrec", "torch-sparse")
+            if name in cpu[setting] and ref in cpu[setting]}
+        results[setting] = entry
+    report: dict[str, Any] = {
         "benchmark": "train",
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "torch": torch.__version__,
+        "distinct_id_fraction": distinct,
         "results": results,
+        "loadavg": loads,
         "notes": notes,
     }
+    if args.parquet:
+        report["parquet"] = parquet_run(args, steps.get("torchrec"))
+        report["loadavg"].append(loadavg())
+    return report
+
+
+# ---- the model through ctrctl.train on Parquet -----------------------------------------
+
+
+def parquet_run(args: argparse.Namespace, torchrec_step: Step | None) -> dict[str, Any]:
+    """ctrctl.train on a synthetic Criteo-format Parquet dataset (26 features hashed to
+    ``--rows``), loading included, against TorchRec's raw step in the same minutes."""
+    import ctrctl
+
+    threads = args.thread_counts[0]
+    torch.set_num_threads(threads)
+    rows = args.batch_size * (args.parquet_steps + 1)
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
+        root = Path(tmp)
+        ctrctl.synthesize(root / "logs", rows=int(rows / 0.8) + 1)
+        schema = Path("schemas/criteo.yaml").read_text()
+        lines = []
+        for line in schema.splitlines():
+            if "role: sparse" in line and "hash_size:" in line:
+                head = line.split("hash_size:")[0]
+                line = f"{head}hash_size: {args.rows}}}"
+            lines.append(line)
+        (root / "schema.yaml").write_text("\n".join(lines) + "\n")
+        ctrctl.preprocess(root / "schema.yaml",
+                          [f"{s}={root / 'logs' / f'{s}.tsv'}" for s in ("train", "val")],
+                          root / "dataset")
+        overrides = [
+            f"model.embedding_dim={args.dim}", f"model.dense_arch=[512,256,{args.dim}]",
+            "model.over_arch=[512,256,1]", f"training.batch_size={args.batch_size}",
+            f"training.max_steps={args.parquet_steps}", "training.val_max_rows=4096",
+            f"training.log_every={args.parquet_steps}", "embedding_optimizer.lr=0.01",
+        ]
+        config = ctrctl.load_config(None, overrides)
+        start = time.perf_counter()
+        result = ctrctl.train(root / "dataset", root / "run", config)
+        wall = time.perf_counter() - start
+    out: dict[str, Any] = {
+        "threads": threads,
+        "steps": args.parquet_steps,
+        "ctrctl_train_samples_per_s": result.samples_per_s,
+        "ctrctl_train_wall_s_with_setup_and_validation": wall,
+    }
+    if torchrec_step is not None:
+        batches = make_batches(args.warmup + args.steps, args.tables, args.rows,
+                               args.batch_size, seed=5)
+        seconds = time_setting({"torchrec": torchrec_step}, batches, args)["torchrec"]
+        out["torchrec_samples_per_s"] = args.batch_size / seconds
+        out["ratio"] = result.samples_per_s / out["torchrec_samples_per_s"]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,21 +485,25 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args)
     print(
         f"DLRM training, {args.tables} tables x {args.rows:,} rows x dim {args.dim}, batch "
-        f"{args.batch_size}, {args.threads} threads, median of {args.steps} steps after "
-        f"{args.warmup} warm-up"
+        f"{args.batch_size}; median over {args.repeats} repeats of the median of "
+        f"{args.steps} steps after {args.warmup} warm-up; [min-max] over repeats"
     )
-    print(
-        f"{'implementation':<14} {'step ms':>9} {'samples/s':>11} {'ctrctl ratio':>13} "
-        f"{'cpu ms':>8}"
-    )
-    ctrctl = report["results"].get("ctrctl")
-    for name, r in report["results"].items():
-        ratio = ctrctl["samples_per_s"] / r["samples_per_s"] if ctrctl else float("nan")
-        print(
-            f"{name:<14} {r['median_step_ms']:>9.1f} {r['samples_per_s']:>11,.0f} {ratio:>12.2f}x"
-        )
+    for setting, entry in report["results"].items():
+        print(f"-- {setting}")
+        for name, r in entry.items():
+            if name not in ("ratios", "cpu_ratios", "cpu_ms_per_step"):
+                print(f"   {name:<14} {r['median']:>10,.0f} samples/s "
+                      f"[{r['min']:,.0f}-{r['max']:,.0f}]")
+        for name, r in entry["ratios"].items():
+            print(f"   {name:<28} {r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]")
+        for name, r in entry["cpu_ratios"].items():
+            print(f"   by CPU time {name:<16} {r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]")
+    print(f"distinct ids per batch: {report['distinct_id_fraction']}")
+    if "parquet" in report:
+        print(f"ctrctl.train on Parquet: {report['parquet']}")
     for name, note in report["notes"].items():
         print(f"{name}: {note}")
+    print(f"loadavg: {report['loadavg']}")
     write_json_atomic(args.out, report)
     print(f"results in {args.out}")
     return 0

@@ -66,7 +66,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         optimizer: the optimizer fused into the lookups' backward.
         group: the process group (default: the world); every rank builds the same module.
         gradient_division: scale embedding gradients by 1/world size (see the module docstring).
-        backend: the lookup kernels: ``auto``, ``fbgemm`` or ``torch``.
+        backend: the lookup kernels: ``auto``, ``fbgemm``, ``native`` or ``torch``.
         local_world_size: ranks per host (table_row_wise reduces within a host first);
             default: the whole group is one host.
 

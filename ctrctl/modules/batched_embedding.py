@@ -4,9 +4,11 @@ The building block under EmbeddingBagCollection and under a sharded rank's local
 Input is the TBE layout: all ids of feature 0 first, then feature 1, ... with one offset per
 bag (``T * B + 1`` offsets for T features and batch B). Output is (B, sum of feature dims).
 
-Two kernels with the same semantics: FBGEMM's TBE ("fbgemm") and plain torch ("torch").
-``backend="auto"`` takes FBGEMM when fbgemm_gpu imports and supports the tables, optimizer and
-device, and plain torch otherwise (saying why, once).
+Three kernels with the same semantics: FBGEMM's TBE ("fbgemm"), ctrctl's native C kernel
+("native", CPU only) and plain torch ("torch"). ``backend="auto"`` takes the native kernel on
+CPU when it was built and runs the optimizer (it measures faster than FBGEMM's CPU TBE there:
+see the README's Performance section), FBGEMM when fbgemm_gpu imports and supports the tables,
+optimizer and device, and plain torch otherwise (saying why, once).
 
 Example:
     >>> bag = BatchedEmbeddingBag([(1000, 16), (50, 8)],
@@ -28,12 +30,14 @@ from torch import nn
 from ctrctl.compat import fbgemm_available
 from ctrctl.errors import CheckpointError, ConfigError
 from ctrctl.modules.fbgemm_embedding import FbgemmTableBatchedEmbeddingBags, fbgemm_cannot_run
+from ctrctl.modules.native_embedding import NativeTableBatchedEmbeddingBags, native_cannot_run
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.modules.torch_embedding import TorchTableBatchedEmbeddingBags
 
 logger = logging.getLogger(__name__)
 
-Backend = Literal["auto", "fbgemm", "torch"]
+Backend = Literal["auto", "fbgemm", "native", "torch"]
+BACKENDS: tuple[str, ...] = ("auto", "fbgemm", "native", "torch")
 _warned: set[str] = set()
 
 
@@ -55,13 +59,23 @@ def resolve_backend(
     data_type: str = "fp32",
     feature_table_map: Sequence[int] | None = None,
 ) -> str:
-    """The kernel ``backend`` means here: "fbgemm" or "torch"."""
-    if backend not in ("auto", "fbgemm", "torch"):
+    """The kernel ``backend`` means here: "fbgemm", "native" or "torch"."""
+    if backend not in BACKENDS:
         raise ConfigError(
             f"unknown embedding backend {backend!r}",
             where="BatchedEmbeddingBag",
-            hint="choose auto, fbgemm or torch",
+            hint=f"choose {', '.join(BACKENDS)}",
         )
+    if backend == "native":
+        why = native_cannot_run(optimizer, device, data_type)
+        if why is not None:
+            raise ConfigError(why, where="BatchedEmbeddingBag",
+                              hint='use backend="auto", "fbgemm" or "torch"')
+        return "native"
+    if backend == "auto" and device.type == "cpu" and native_cannot_run(
+        optimizer, device, data_type
+    ) is None:
+        return "native"
     if backend == "torch":
         if data_type != "fp32":
             raise ConfigError(
@@ -101,7 +115,7 @@ class BatchedEmbeddingBag(nn.Module):
         optimizer: the optimizer fused into backward.
         pooling: "sum" or "mean".
         device: where weights and optimizer state live.
-        backend: "auto", "fbgemm" or "torch".
+        backend: "auto", "fbgemm", "native" or "torch".
         data_type: "fp32" (or "fp16", FBGEMM only).
         weights: optional initial (rows, dim) weight per table; zeros otherwise.
         bounds_check: FBGEMM's id check, "warning", "fatal" or "none" (ignored by "torch",
@@ -143,7 +157,11 @@ class BatchedEmbeddingBag(nn.Module):
             backend, self.tables, self.optimizer, self.device, data_type, self.feature_table_map
         )
         self.kernel: FbgemmTableBatchedEmbeddingBags | TorchTableBatchedEmbeddingBags
-        if self.backend == "fbgemm":
+        if self.backend == "native":
+            self.kernel = NativeTableBatchedEmbeddingBags(
+                self.tables, self.feature_table_map, self.optimizer, pooling, self.device
+            )
+        elif self.backend == "fbgemm":
             self.kernel = FbgemmTableBatchedEmbeddingBags(
                 self.tables,
                 self.feature_table_map,

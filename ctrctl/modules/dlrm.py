@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctrctl.compat import bf16_autocast_supported
 from ctrctl.errors import ConfigError
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
 from ctrctl.modules.interaction import DCNInteraction, DotInteraction
@@ -96,8 +97,10 @@ class DLRM(nn.Module):
         over_arch_layer_sizes: top MLP widths, the last one 1.
         interaction: "dot" (pairwise dot products) or "dcn" (DCNv2 low-rank cross layers).
         dcn_num_layers, dcn_low_rank_dim: the cross layers when interaction="dcn".
-        dense_autocast: run the dense part (MLPs, interaction) under bf16 autocast on CUDA;
-            ignored on CPU.
+        dense_autocast: run the dense part (MLPs, interaction) under bf16 autocast (fp32
+            master weights and fp32 embeddings), on CUDA and on CPUs with AMX-BF16 or
+            AVX512-BF16 (:func:`ctrctl.compat.bf16_autocast_supported`); ignored on other
+            CPUs, where bf16 matmuls are emulated and slower than fp32.
         interaction_pad_to: pad the dot interaction's output with zero columns to a multiple
             of this (GEMM-friendly widths: 415 -> 416 for 26 features of dim 64); the padded
             inputs of the over arch are always zero, their weights start at zero and never
@@ -184,8 +187,8 @@ class DLRM(nn.Module):
         pooled = self.sparse_arch(features).values()  # (B, F * D)
         sparse = pooled.view(batch, self.num_sparse_features, self.embedding_dim)  # (B, F, D)
         autocast = (
-            torch.autocast("cuda", dtype=torch.bfloat16)
-            if self.dense_autocast and dense.is_cuda
+            torch.autocast(dense.device.type, dtype=torch.bfloat16)
+            if self.dense_autocast and bf16_autocast_supported(dense.device)
             else contextlib.nullcontext()
         )
         with autocast:

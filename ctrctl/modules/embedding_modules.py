@@ -43,7 +43,8 @@ class EmbeddingBagCollection(nn.Module):
         tables: the table configs; a table may serve several features.
         optimizer: the optimizer fused into backward (default exact rowwise Adagrad).
         device: where weights live ("cpu" or a CUDA device).
-        backend: "auto" (FBGEMM when it can, plain torch otherwise), "fbgemm" or "torch".
+        backend: "auto" (the native kernel on CPU, FBGEMM where it can run, plain torch
+            otherwise), "fbgemm", "native" or "torch".
         seed: seed of the weight initialisation (uniform in each config's init range).
         bounds_check: FBGEMM's id check ("warning", "fatal", "none").
 
@@ -175,7 +176,7 @@ class EmbeddingBagCollection(nn.Module):
         return list(self._dims)
 
     def backends(self) -> list[str]:
-        """The kernel each group runs on ("fbgemm" or "torch")."""
+        """The kernel each group runs on ("fbgemm", "native" or "torch")."""
         return [bag.backend for bag in self._kernels()]
 
     def embedding_bag_weights(self) -> dict[str, torch.Tensor]:

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ctrctl import checkpoint as ckpt
+from ctrctl.compat import bf16_autocast_supported
 from ctrctl.config import PipelineConfig
 from ctrctl.data.dataset import BatchLoader, LoaderPosition
 from ctrctl.data.manifest import DatasetManifest
@@ -278,7 +279,10 @@ class _Trainer:
 
     def fit(self) -> float:
         t = self.t
-        use_bf16 = t.bf16
+        use_bf16 = t.bf16 and bf16_autocast_supported(self.device)
+        if t.bf16 and not use_bf16:
+            logger.warning("training.bf16: this %s has no bf16 units (AMX-BF16 or "
+                           "AVX512-BF16); training in fp32", self.device.type)
         model = self.model
         model.train()
         self.progress.start("train", total=self.total_steps * t.batch_size, unit="samples")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ctrctl.errors import CheckpointError, ConfigError
-from ctrctl.modules import BatchedEmbeddingBag, EmbeddingOptimizerConfig
+from ctrctl.modules import BatchedEmbeddingBag, EmbeddingOptimizerConfig, batched_embedding
 from ctrctl.modules.optimizers import CPU_OPTIMIZERS
 from ctrctl.sparse.ops import use_fbgemm_ops
 
@@ -16,6 +16,12 @@ needs_fbgemm = pytest.mark.skipif(not use_fbgemm_ops(), reason="fbgemm_gpu is no
 TABLES = [(20, 8), (15, 4), (30, 8)]
 FEATURE_TABLE_MAP = [0, 0, 1, 2]
 BATCH = 5
+
+
+@pytest.fixture
+def no_native(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As where the native CPU kernel was not built: "auto" chooses between the others."""
+    monkeypatch.setattr(batched_embedding, "native_cannot_run", lambda *a: "not built")
 
 
 def make_batch(seed: int, weighted: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -107,7 +113,7 @@ def test_fbgemm_equals_plain_torch(kind: str, pooling: str, weighted: bool) -> N
 
 
 @pytest.mark.parametrize("mode", ["l2", "decoupled"])
-def test_rowwise_adagrad_weight_decay_by_hand(mode: str) -> None:
+def test_rowwise_adagrad_weight_decay_by_hand(mode: str, no_native: None) -> None:
     """FBGEMM's CPU kernel ignores weight decay, so "auto" takes the torch kernel; check it
     against FBGEMM's definition (codegen/genscript/optimizers.py) written out by hand."""
     lr, eps, wd = 0.5, 0.1, 0.2
@@ -209,7 +215,7 @@ def test_unsupported_optimizer_names_the_alternatives() -> None:
 
 
 @needs_fbgemm
-def test_auto_falls_back_to_torch_for_dims_fbgemm_cannot_take() -> None:
+def test_auto_falls_back_to_torch_for_dims_fbgemm_cannot_take(no_native: None) -> None:
     assert BatchedEmbeddingBag([(6, 4)], backend="auto").backend == "fbgemm"
     assert BatchedEmbeddingBag([(6, 6)], backend="auto").backend == "torch"
     with pytest.raises(ConfigError, match="multiples of 4"):
@@ -217,7 +223,7 @@ def test_auto_falls_back_to_torch_for_dims_fbgemm_cannot_take() -> None:
 
 
 @needs_fbgemm
-def test_rowwise_adagrad_with_unordered_features_avoids_fbgemm() -> None:
+def test_rowwise_adagrad_with_unordered_features_avoids_fbgemm(no_native: None) -> None:
     cfg = EmbeddingOptimizerConfig(kind="exact_rowwise_adagrad")
     with pytest.raises(ConfigError, match="needs features ordered by table"):
         BatchedEmbeddingBag(TABLES, [0, 1, 2, 0], optimizer=cfg, backend="fbgemm")

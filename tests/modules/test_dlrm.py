@@ -152,7 +152,12 @@ def test_tiny_model_overfits_a_tiny_batch(interaction: str) -> None:
     assert torch.equal(predictions, labels)
 
 
-def test_dense_autocast_flag_is_inert_on_cpu() -> None:
+def test_dense_autocast_flag_is_inert_on_a_cpu_without_bf16(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ctrctl.modules import dlrm
+
+    monkeypatch.setattr(dlrm, "bf16_autocast_supported", lambda device: False)
     plain, flagged = tiny_model(), tiny_model()
     flagged.dense_autocast = True
     flagged.load_state_dict(plain.state_dict())

@@ -10,12 +10,17 @@ import pytest
 import torch
 
 from ctrctl.modules import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingOptimizerConfig
+from ctrctl.modules.native_embedding import native_available
 from ctrctl.sparse import KeyedJaggedTensor
+
+needs_native = pytest.mark.skipif(not native_available(), reason="the C kernel was not built")
 
 SCRIPT = textwrap.dedent(
     """
     import sys, warnings
     sys.modules["fbgemm_gpu"] = None          # any import of fbgemm_gpu now fails
+    if BLOCK_NATIVE:                          # as where the C kernel was not built
+        sys.modules["ctrctl.modules._embedding_kernel"] = None
     warnings.simplefilter("always")
     import torch
     torch.manual_seed(0)                      # tiny MLPs: an unlucky draw kills every ReLU
@@ -29,7 +34,7 @@ SCRIPT = textwrap.dedent(
     assert kjt.permute([1, 0]).values().tolist() == [3, 4, 1, 2]
     ebc = EmbeddingBagCollection([EmbeddingBagConfig("t_a", 10, 4, ["a"]),
                                   EmbeddingBagConfig("t_b", 10, 4, ["b"])])
-    assert ebc.backends() == ["torch"], ebc.backends()
+    assert ebc.backends() == [EXPECTED], ebc.backends()
     model = DLRM(ebc, 3, [8, 4], [8, 1])
     before = ebc.embedding_bag_weights()["t_a"].clone()
     dlrm_loss(model(torch.randn(2, 3), kjt), torch.tensor([0, 1])).backward()
@@ -39,13 +44,18 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_imports_and_trains_without_fbgemm() -> None:
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=needs_native)])
+def test_imports_and_trains_without_fbgemm(native: bool) -> None:
+    """Without fbgemm_gpu: the native kernel where it was built, plain torch where not."""
+    expected = "native" if native else "torch"
+    script = f"BLOCK_NATIVE = {not native}\nEXPECTED = {expected!r}\n" + SCRIPT
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
-    assert "plain-torch" in result.stderr  # the one-line warning says which kernels run
+    if not native:
+        assert "plain-torch" in result.stderr  # the one-line warning says which kernels run
 
 
 @pytest.mark.gpu

@@ -1,0 +1,489 @@
+/* Native CPU table-batched embedding bags: pooled lookup, and a backward that fuses the
+ * optimizer update (exact SGD, exact Adagrad, exact row-wise Adagrad).
+ *
+ * No torch headers: Python passes tensors as addresses (tensor.data_ptr()) and sizes, every
+ * tensor contiguous and of the dtype named below. Batch layout (TBE): F features of B bags
+ * each, bag k = f * B + b holds ids indices[offsets[k] .. offsets[k + 1]).
+ *
+ * Per feature f (int64 arrays of length F):
+ *   weights[f]  address of row 0 of f's table (float32, rows[f] x dims[f], row-major)
+ *   states[f]   address of f's optimizer state (float32: rows[f] for row-wise Adagrad,
+ *               rows[f] x dims[f] for Adagrad, unused for SGD)
+ *   dims[f]     embedding dim; rows[f] table rows
+ *   cols[f]     first output column of f (output is B x out_stride, float32)
+ *   keys[f]     first key of f's table in one numbering of all rows of all tables
+ *               (features of one table share it): keys[f] + id names a row everywhere.
+ *
+ * forward(...)  -> -1; the position of the first id outside its table; or -2 when offsets
+ *                  decrease (the caller raises on either).
+ * workspace_size(n) -> bytes of scratch that backward needs for n ids (it allocates its own
+ *                  when the caller passes less).
+ * backward(...) sums the gradient of each distinct row over every bag and feature that
+ *               looked it up (a stable radix sort by key keeps the ids' order, so repeated
+ *               ids are summed in the order the plain-torch reference's index_add_ sums
+ *               them), then updates each row once. With per-sample weights it also returns
+ *               d loss / d weight per id, from the weights before the update.
+ *
+ * Threads: pthreads, as many as the caller says (torch.get_num_threads()), started per call
+ * and joined before returning: no second OpenMP runtime beside torch's. Forward splits the
+ * batch by samples, the update by distinct rows (each row belongs to one thread, so no
+ * locks). The GIL is released while working.
+ *
+ * The inner loops are built for AVX-512, AVX2+FMA and plain x86-64 (GCC/Clang target_clones:
+ * the loader picks one for this CPU at import); other machines build the portable loops.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#define CLONES __attribute__((target_clones("avx512f", "arch=haswell", "default")))
+#define KERNEL_ISA "avx512f,haswell (avx2+fma),x86-64 (runtime dispatch)"
+#else
+#define CLONES
+#define KERNEL_ISA "portable"
+#endif
+#define INLINE static inline __attribute__((always_inline))
+
+#define MAX_THREADS 64
+enum { OPT_SGD = 0, OPT_ADAGRAD = 1, OPT_ROWWISE_ADAGRAD = 2 };
+enum { WD_NONE = 0, WD_L2 = 1, WD_DECOUPLED = 2 };
+
+typedef struct {
+    int64_t F, B;
+    const int64_t *indices, *offsets;
+    const float *psw; /* per-sample weights or NULL */
+    const int64_t *weights, *states, *dims, *rows, *cols, *keys;
+    int mean;
+} Batch;
+
+/* ---- threads --------------------------------------------------------------------------- */
+
+typedef void (*task_fn)(void *ctx, int thread, int nthreads);
+typedef struct {
+    task_fn fn;
+    void *ctx;
+    int thread, nthreads;
+} Task;
+
+static void *task_main(void *arg) {
+    Task *t = (Task *)arg;
+    t->fn(t->ctx, t->thread, t->nthreads);
+    return NULL;
+}
+
+/* Run fn on nthreads threads (the calling one included); falls back to fewer when a thread
+ * cannot start, each thread's share being recomputed from the count that runs. */
+static void run_parallel(task_fn fn, void *ctx, int nthreads) {
+    if (nthreads < 1) nthreads = 1;
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    if (nthreads == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    pthread_t ids[MAX_THREADS];
+    Task tasks[MAX_THREADS];
+    for (int t = 0; t < nthreads; t++) tasks[t] = (Task){fn, ctx, t, nthreads};
+    int started = 0;
+    for (int t = 1; t < nthreads; t++) {
+        if (pthread_create(&ids[t], NULL, task_main, &tasks[t]) != 0) break;
+        started = t;
+    }
+    if (started < nthreads - 1) { /* could not start them all: run the work on fewer */
+        for (int t = 1; t <= started; t++) pthread_join(ids[t], NULL);
+        fn(ctx, 0, 1);
+        return;
+    }
+    fn(ctx, 0, nthreads);
+    for (int t = 1; t < nthreads; t++) pthread_join(ids[t], NULL);
+}
+
+static inline void share(int64_t n, int thread, int nthreads, int64_t *lo, int64_t *hi) {
+    *lo = n * thread / nthreads;
+    *hi = n * (thread + 1) / nthreads;
+}
+
+/* ---- forward ----------------------------------------------------------------------------- */
+
+typedef struct {
+    const Batch *batch;
+    float *out;
+    int64_t out_stride;
+    int64_t bad[MAX_THREADS]; /* first bad id position per thread, -1 if none */
+    int decreasing[MAX_THREADS]; /* a bag whose end is before its start */
+} Forward;
+
+/* The build turns off floating-point contraction (-ffp-contract=off), so every operation
+ * rounds where the plain-torch reference rounds; the one place torch fuses (its weighted
+ * embedding_bag runs FBGEMM's FMA kernel) fuses here explicitly. */
+INLINE void fma_into(float *restrict y, const float *restrict x, float a, int64_t n) {
+    for (int64_t j = 0; j < n; j++) y[j] = fmaf(a, x[j], y[j]);
+}
+
+INLINE void axpy(float *restrict y, const float *restrict x, float a, int64_t n) {
+    for (int64_t j = 0; j < n; j++) y[j] += a * x[j];
+}
+
+INLINE void add(float *restrict y, const float *restrict x, int64_t n) {
+    for (int64_t j = 0; j < n; j++) y[j] += x[j];
+}
+
+CLONES static void forward_task(void *arg, int thread, int nthreads) {
+    Forward *fw = (Forward *)arg;
+    const Batch *bt = fw->batch;
+    int64_t b0, b1, bad = -1;
+    share(bt->B, thread, nthreads, &b0, &b1);
+    for (int64_t b = b0; b < b1; b++) {
+        float *out_row = fw->out + b * fw->out_stride;
+        for (int64_t f = 0; f < bt->F; f++) {
+            const int64_t D = bt->dims[f], rows = bt->rows[f];
+            const float *W = (const float *)(intptr_t)bt->weights[f];
+            float *restrict o = out_row + bt->cols[f];
+            const int64_t k = f * bt->B + b;
+            const int64_t s = bt->offsets[k], e = bt->offsets[k + 1];
+            memset(o, 0, (size_t)D * sizeof(float));
+            if (e < s) fw->decreasing[thread] = 1;
+            for (int64_t i = s; i < e; i++) {
+                const int64_t id = bt->indices[i];
+                if (id < 0 || id >= rows) {
+                    if (bad < 0 || i < bad) bad = i;
+                    continue;
+                }
+                if (bt->psw)
+                    fma_into(o, W + id * D, bt->psw[i], D);
+                else
+                    add(o, W + id * D, D);
+            }
+            if (bt->mean && e > s) {
+                const float len = (float)(e - s);
+                for (int64_t j = 0; j < D; j++) o[j] /= len;
+            }
+        }
+    }
+    fw->bad[thread] = bad;
+}
+
+/* ---- backward ---------------------------------------------------------------------------- */
+
+typedef struct {
+    const Batch *batch;
+    const float *grad; /* B x grad_stride */
+    int64_t grad_stride;
+    float *grad_psw; /* per id, or NULL */
+    int64_t n;       /* ids */
+    int64_t *key, *pos, *key_tmp, *pos_tmp;
+    int32_t *feature_of; /* per id: its feature */
+    int64_t *bag_of;     /* per id: its sample b */
+    int kind, wd_mode;
+    float lr, eps, wd;
+    int64_t max_dim;
+    int failed[MAX_THREADS];
+} Backward;
+
+/* Pass 1, by bags: each id's key, feature and sample, and the per-sample-weight gradient
+ * (taken before any row changes). */
+CLONES static void keys_task(void *arg, int thread, int nthreads) {
+    Backward *bw = (Backward *)arg;
+    const Batch *bt = bw->batch;
+    const int64_t bags = bt->F * bt->B;
+    int64_t k0, k1;
+    share(bags, thread, nthreads, &k0, &k1);
+    for (int64_t k = k0; k < k1; k++) {
+        const int64_t f = k / bt->B, b = k % bt->B;
+        const int64_t s = bt->offsets[k], e = bt->offsets[k + 1];
+        const int64_t D = bt->dims[f];
+        const float *g = bw->grad + b * bw->grad_stride + bt->cols[f];
+        const float *W = (const float *)(intptr_t)bt->weights[f];
+        const float len = (float)(e - s);
+        for (int64_t i = s; i < e; i++) {
+            const int64_t id = bt->indices[i];
+            bw->key[i] = bt->keys[f] + id;
+            bw->pos[i] = i;
+            bw->feature_of[i] = (int32_t)f;
+            bw->bag_of[i] = b;
+            if (bw->grad_psw) {
+                const float *w = W + id * D;
+                float acc[16] = {0};
+                int64_t j = 0;
+                if (bt->mean) {
+                    for (; j + 16 <= D; j += 16)
+                        for (int l = 0; l < 16; l++) acc[l] += (g[j + l] / len) * w[j + l];
+                    for (; j < D; j++) acc[0] += (g[j] / len) * w[j];
+                } else {
+                    for (; j + 16 <= D; j += 16)
+                        for (int l = 0; l < 16; l++) acc[l] += g[j + l] * w[j + l];
+                    for (; j < D; j++) acc[0] += g[j] * w[j];
+                }
+                float total = 0.0f;
+                for (int l = 0; l < 16; l++) total += acc[l];
+                bw->grad_psw[i] = total;
+            }
+        }
+    }
+}
+
+/* Stable LSD radix sort of (key, pos) by key, 11 bits a pass; the result ends in key/pos. */
+static void radix_sort(Backward *bw, int64_t max_key) {
+    const int BITS = 11, BUCKETS = 1 << 11;
+    int passes = 0;
+    while (passes * BITS < 64 && (max_key >> (passes * BITS)) > 0) passes++;
+    int64_t *count = (int64_t *)malloc(sizeof(int64_t) * BUCKETS);
+    if (!count) return; /* caller checks sortedness below */
+    int64_t *src_k = bw->key, *src_p = bw->pos, *dst_k = bw->key_tmp, *dst_p = bw->pos_tmp;
+    for (int p = 0; p < passes; p++) {
+        const int shift = p * BITS;
+        memset(count, 0, sizeof(int64_t) * BUCKETS);
+        for (int64_t i = 0; i < bw->n; i++) count[(src_k[i] >> shift) & (BUCKETS - 1)]++;
+        int64_t sum = 0;
+        for (int d = 0; d < BUCKETS; d++) {
+            const int64_t c = count[d];
+            count[d] = sum;
+            sum += c;
+        }
+        for (int64_t i = 0; i < bw->n; i++) {
+            const int64_t at = count[(src_k[i] >> shift) & (BUCKETS - 1)]++;
+            dst_k[at] = src_k[i];
+            dst_p[at] = src_p[i];
+        }
+        int64_t *t = src_k; src_k = dst_k; dst_k = t;
+        t = src_p; src_p = dst_p; dst_p = t;
+    }
+    free(count);
+    if (src_k != bw->key) {
+        memcpy(bw->key, src_k, sizeof(int64_t) * (size_t)bw->n);
+        memcpy(bw->pos, src_p, sizeof(int64_t) * (size_t)bw->n);
+    }
+}
+
+INLINE void update_row(const Backward *bw, float *restrict w, float *restrict state,
+                       const float *restrict g, int64_t D) {
+    const float lr = bw->lr, eps = bw->eps;
+    if (bw->kind == OPT_SGD) {
+        for (int64_t j = 0; j < D; j++) w[j] -= lr * g[j];
+    } else if (bw->kind == OPT_ADAGRAD) {
+        for (int64_t j = 0; j < D; j++) {
+            const float acc = state[j] + g[j] * g[j];
+            state[j] = acc;
+            w[j] -= lr * g[j] / (sqrtf(acc) + eps);
+        }
+    } else {
+        const float wd = bw->wd;
+        float acc[16] = {0};
+        int64_t j = 0;
+        if (bw->wd_mode == WD_L2) {
+            for (; j + 16 <= D; j += 16)
+                for (int l = 0; l < 16; l++) {
+                    const float d = g[j + l] + wd * w[j + l];
+                    acc[l] += d * d;
+                }
+            for (; j < D; j++) {
+                const float d = g[j] + wd * w[j];
+                acc[0] += d * d;
+            }
+        } else {
+            for (; j + 16 <= D; j += 16)
+                for (int l = 0; l < 16; l++) acc[l] += g[j + l] * g[j + l];
+            for (; j < D; j++) acc[0] += g[j] * g[j];
+        }
+        float total = 0.0f;
+        for (int l = 0; l < 16; l++) total += acc[l];
+        const float sum = state[0] + total / (float)D;
+        state[0] = sum;
+        const float m = lr / (sqrtf(sum) + eps);
+        const float c = bw->wd_mode == WD_L2 ? 1.0f - m * wd
+                        : bw->wd_mode == WD_DECOUPLED ? 1.0f - lr * wd
+                                                      : 1.0f;
+        if (c == 1.0f)
+            for (int64_t i = 0; i < D; i++) w[i] -= m * g[i];
+        else
+            for (int64_t i = 0; i < D; i++) w[i] = c * w[i] - m * g[i];
+    }
+}
+
+/* Pass 2, by distinct rows: a thread owns the runs of equal keys that start in its share. */
+CLONES static void update_task(void *arg, int thread, int nthreads) {
+    Backward *bw = (Backward *)arg;
+    const Batch *bt = bw->batch;
+    const int64_t n = bw->n;
+    const int64_t *key = bw->key, *pos = bw->pos;
+    int64_t lo, hi;
+    share(n, thread, nthreads, &lo, &hi);
+    while (lo < n && lo > 0 && key[lo] == key[lo - 1]) lo++;
+    while (hi < n && hi > 0 && key[hi] == key[hi - 1]) hi++;
+    float *g = (float *)malloc(sizeof(float) * (size_t)(bw->max_dim > 0 ? bw->max_dim : 1));
+    if (!g) {
+        bw->failed[thread] = 1;
+        return;
+    }
+    int64_t i = lo;
+    while (i < hi) {
+        const int64_t k = key[i];
+        const int64_t f0 = bw->feature_of[pos[i]];
+        const int64_t D = bt->dims[f0];
+        memset(g, 0, sizeof(float) * (size_t)D);
+        for (; i < hi && key[i] == k; i++) {
+            const int64_t p = pos[i];
+            const int64_t f = bw->feature_of[p], b = bw->bag_of[p];
+            const float *src = bw->grad + b * bw->grad_stride + bt->cols[f];
+            if (bt->mean) {
+                const int64_t bag = f * bt->B + b;
+                const float len = (float)(bt->offsets[bag + 1] - bt->offsets[bag]);
+                const float a = bt->psw ? bt->psw[p] : 1.0f;
+                for (int64_t j = 0; j < D; j++) g[j] += (src[j] / len) * a;
+            } else if (bt->psw) {
+                axpy(g, src, bt->psw[p], D);
+            } else {
+                add(g, src, D);
+            }
+        }
+        const int64_t id = k - bt->keys[f0];
+        float *w = (float *)(intptr_t)bt->weights[f0] + id * D;
+        float *state = NULL;
+        if (bw->kind == OPT_ADAGRAD) state = (float *)(intptr_t)bt->states[f0] + id * D;
+        if (bw->kind == OPT_ROWWISE_ADAGRAD) state = (float *)(intptr_t)bt->states[f0] + id;
+        update_row(bw, w, state, g, D);
+    }
+    free(g);
+}
+
+/* ---- Python bindings ---------------------------------------------------------------------- */
+
+static int parse_batch(Batch *bt, long long F, long long B, long long indices, long long offsets,
+                       long long psw, long long weights, long long states, long long dims,
+                       long long rows, long long cols, long long keys, int mean) {
+    if (F < 0 || B < 0) {
+        PyErr_SetString(PyExc_ValueError, "negative feature or batch count");
+        return -1;
+    }
+    *bt = (Batch){F, B, (const int64_t *)(intptr_t)indices, (const int64_t *)(intptr_t)offsets,
+                  (const float *)(intptr_t)psw, (const int64_t *)(intptr_t)weights,
+                  (const int64_t *)(intptr_t)states, (const int64_t *)(intptr_t)dims,
+                  (const int64_t *)(intptr_t)rows, (const int64_t *)(intptr_t)cols,
+                  (const int64_t *)(intptr_t)keys, mean};
+    return 0;
+}
+
+static PyObject *py_forward(PyObject *self, PyObject *args) {
+    (void)self;
+    long long F, B, indices, offsets, psw, weights, dims, rows, cols, out, out_stride;
+    int mean, nthreads;
+    if (!PyArg_ParseTuple(args, "LLLLLLLLLLLii", &F, &B, &indices, &offsets, &psw, &weights,
+                          &dims, &rows, &cols, &out, &out_stride, &mean, &nthreads))
+        return NULL;
+    Batch bt;
+    if (parse_batch(&bt, F, B, indices, offsets, psw, weights, 0, dims, rows, cols, 0, mean))
+        return NULL;
+    Forward fw = {&bt, (float *)(intptr_t)out, out_stride, {0}, {0}};
+    if (nthreads > B) nthreads = (int)(B > 0 ? B : 1);
+    for (int t = 0; t < MAX_THREADS; t++) fw.bad[t] = -1;
+    Py_BEGIN_ALLOW_THREADS
+    run_parallel(forward_task, &fw, nthreads);
+    Py_END_ALLOW_THREADS
+    int64_t bad = -1;
+    for (int t = 0; t < MAX_THREADS; t++)
+        if (fw.bad[t] >= 0 && (bad < 0 || fw.bad[t] < bad)) bad = fw.bad[t];
+    for (int t = 0; t < MAX_THREADS; t++)
+        if (fw.decreasing[t]) bad = -2;
+    return PyLong_FromLongLong(bad);
+}
+
+static PyObject *py_backward(PyObject *self, PyObject *args) {
+    (void)self;
+    long long F, B, indices, offsets, psw, weights, states, dims, rows, cols, keys, grad,
+        grad_stride, grad_psw, max_key, max_dim, workspace, workspace_bytes;
+    int mean, kind, wd_mode, nthreads;
+    float lr, eps, wd;
+    if (!PyArg_ParseTuple(args, "LLLLLLLLLLLLLLLLiifffiiLL", &F, &B, &indices, &offsets, &psw,
+                          &weights, &states, &dims, &rows, &cols, &keys, &grad, &grad_stride,
+                          &grad_psw, &max_key, &max_dim, &mean, &kind, &lr, &eps, &wd,
+                          &wd_mode, &nthreads, &workspace, &workspace_bytes))
+        return NULL;
+    if (kind < OPT_SGD || kind > OPT_ROWWISE_ADAGRAD || wd_mode < WD_NONE ||
+        wd_mode > WD_DECOUPLED) {
+        PyErr_SetString(PyExc_ValueError, "unknown optimizer or weight decay mode");
+        return NULL;
+    }
+    Batch bt;
+    if (parse_batch(&bt, F, B, indices, offsets, psw, weights, states, dims, rows, cols, keys,
+                    mean))
+        return NULL;
+    const int64_t n = F * B > 0 ? bt.offsets[F * B] - bt.offsets[0] : 0;
+    if (n <= 0) Py_RETURN_NONE;
+    if (bt.offsets[0] != 0) {
+        PyErr_SetString(PyExc_ValueError, "offsets must start at 0");
+        return NULL;
+    }
+    Backward bw = {0};
+    bw.batch = &bt;
+    bw.grad = (const float *)(intptr_t)grad;
+    bw.grad_stride = grad_stride;
+    bw.grad_psw = (float *)(intptr_t)grad_psw;
+    bw.n = n;
+    bw.kind = kind;
+    bw.wd_mode = wd_mode;
+    bw.lr = lr;
+    bw.eps = eps;
+    bw.wd = wd;
+    bw.max_dim = max_dim;
+    /* The caller's workspace when it is large enough (kept between calls: no page faults
+     * on fresh memory every step), else our own. */
+    const long long needed = (long long)n * (5 * sizeof(int64_t) + sizeof(int32_t));
+    int own = workspace == 0 || workspace_bytes < needed;
+    int64_t *block = own ? (int64_t *)malloc((size_t)needed) : (int64_t *)(intptr_t)workspace;
+    if (!block) return PyErr_NoMemory();
+    int32_t *features = (int32_t *)(block + 5 * n);
+    bw.key = block;
+    bw.pos = block + n;
+    bw.key_tmp = block + 2 * n;
+    bw.pos_tmp = block + 3 * n;
+    bw.bag_of = block + 4 * n;
+    bw.feature_of = features;
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t bags = F * B;
+    run_parallel(keys_task, &bw, (int)(nthreads < bags ? nthreads : bags));
+    radix_sort(&bw, max_key);
+    for (int64_t i = 1; i < n; i++)
+        if (bw.key[i] < bw.key[i - 1]) {
+            failed = 1;
+            break;
+        }
+    if (!failed) run_parallel(update_task, &bw, (int)(nthreads < n ? nthreads : n));
+    for (int t = 0; t < MAX_THREADS; t++) failed |= bw.failed[t];
+    Py_END_ALLOW_THREADS
+    if (own) free(block);
+    if (failed) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_workspace_size(PyObject *self, PyObject *args) {
+    (void)self;
+    long long n;
+    if (!PyArg_ParseTuple(args, "L", &n)) return NULL;
+    return PyLong_FromLongLong(n * (long long)(5 * sizeof(int64_t) + sizeof(int32_t)));
+}
+
+static PyObject *py_isa(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyUnicode_FromString(KERNEL_ISA);
+}
+
+static PyMethodDef methods[] = {
+    {"forward", py_forward, METH_VARARGS, "Pooled lookup of every bag; see the source."},
+    {"backward", py_backward, METH_VARARGS,
+     "Summed gradient per distinct row and the fused optimizer update; see the source."},
+    {"workspace_size", py_workspace_size, METH_VARARGS, "Scratch bytes backward needs."},
+    {"isa", py_isa, METH_NOARGS, "The instruction sets the loops are built for."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_embedding_kernel",
+                                    "Native CPU embedding bags with a fused optimizer.", -1,
+                                    methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__embedding_kernel(void) { return PyModule_Create(&module); }
