@@ -35,6 +35,7 @@ from torch import nn
 from ctrctl.config import PipelineConfig
 from ctrctl.data.dataset import BatchLoader, LoaderPosition
 from ctrctl.data.manifest import DatasetManifest, write_json_atomic
+from ctrctl.distributed import checkpoint as dist_ckpt
 from ctrctl.distributed.types import ShardingPlan
 from ctrctl.errors import CheckpointError, ConfigError, OutputExistsError
 from ctrctl.progress import Progress
@@ -219,7 +220,7 @@ class _Trainer:
                        "world_size": self.world_size},
         }
         return ckpt.save_checkpoint(
-            self.out / "checkpoints", self.step, model_io.table_shards(self.model, self.rank),
+            self.out / "checkpoints", self.step, dist_ckpt.table_shards(self.model, self.rank),
             model_io.dense_state(self.model), self.optimizer.state_dict(), trainer_state,
             self._metadata(), rank=self.rank, world_size=self.world_size)
 

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ctrctl.distributed.sharding.common import TableSpec
 from ctrctl.distributed.types import ParameterSharding, ShardMetadata
 from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
+from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 
 
@@ -63,7 +63,7 @@ class EmbeddingSharding(nn.Module, abc.ABC):
 
     sharding_type: str = ""
 
-    def __init__(self, tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding],
+    def __init__(self, tables: Sequence[EmbeddingBagConfig], shardings: Sequence[ParameterSharding],
                  optimizer: EmbeddingOptimizerConfig, group: Any | None = None,
                  grad_scale: float = 1.0, backend: str = "auto") -> None:
         super().__init__()

@@ -41,9 +41,6 @@ from ctrctl.errors import PlanError
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.sparse.ops import complete_cumsum, permute_2d_sparse, segment_ranges, use_fbgemm_ops
 
-#: What sharding needs of a table: its name, size, features and pooling.
-TableSpec = EmbeddingBagConfig
-
 
 @dataclass(frozen=True)
 class Slot:
@@ -77,7 +74,7 @@ class GroupLayout:
         slots_per_rank: for each rank, its slots in lookup order.
     """
 
-    tables: list[TableSpec]
+    tables: list[EmbeddingBagConfig]
     features: list[tuple[str, int]]
     feature_dims: list[int]
     row_blocks: list[list[tuple[int, int]]]
@@ -87,7 +84,7 @@ class GroupLayout:
 
     @staticmethod
     def build(
-        tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding], world_size: int
+        tables: Sequence[EmbeddingBagConfig], shardings: Sequence[ParameterSharding], world_size: int
     ) -> GroupLayout:
         """Lay out ``tables`` (sharded as ``shardings``, same order) over ``world_size`` ranks."""
         features: list[tuple[str, int]] = []

@@ -23,8 +23,8 @@ from torch import nn
 
 from ctrctl.distributed import comm
 from ctrctl.distributed.sharding.base import EmbeddingSharding, LocalShard
-from ctrctl.distributed.sharding.common import TableSpec
 from ctrctl.distributed.types import ParameterSharding, ShardingType, ShardMetadata
+from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 
 
@@ -33,7 +33,7 @@ class DpSharding(EmbeddingSharding):
 
     sharding_type = ShardingType.DATA_PARALLEL.value
 
-    def __init__(self, tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding],
+    def __init__(self, tables: Sequence[EmbeddingBagConfig], shardings: Sequence[ParameterSharding],
                  optimizer: EmbeddingOptimizerConfig, group: Any | None = None,
                  grad_scale: float = 1.0, backend: str = "auto") -> None:
         super().__init__(tables, shardings, optimizer, group, grad_scale, backend)

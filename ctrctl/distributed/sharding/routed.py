@@ -27,9 +27,10 @@ import torch.distributed as dist
 
 from ctrctl.distributed import comm
 from ctrctl.distributed.sharding.base import EmbeddingSharding, LocalShard
-from ctrctl.distributed.sharding.common import GroupLayout, TableSpec, route, to_slot_major
+from ctrctl.distributed.sharding.common import GroupLayout, route, to_slot_major
 from ctrctl.distributed.types import ParameterSharding
 from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
+from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.sparse.ops import complete_cumsum
 
@@ -45,7 +46,7 @@ class RoutedSharding(EmbeddingSharding):
     all_columns: torch.Tensor
     my_columns: torch.Tensor
 
-    def __init__(self, tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding],
+    def __init__(self, tables: Sequence[EmbeddingBagConfig], shardings: Sequence[ParameterSharding],
                  optimizer: EmbeddingOptimizerConfig, group: Any | None = None,
                  grad_scale: float = 1.0, backend: str = "auto") -> None:
         super().__init__(tables, shardings, optimizer, group, grad_scale, backend)

@@ -25,11 +25,11 @@ import torch
 import torch.distributed as dist
 
 from ctrctl.distributed import comm
-from ctrctl.distributed.sharding.common import TableSpec
 from ctrctl.distributed.sharding.routed import _place_columns
 from ctrctl.distributed.sharding.rw import RwSharding
 from ctrctl.distributed.types import ParameterSharding, ShardingType
 from ctrctl.errors import PlanError
+from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 
 
@@ -41,7 +41,7 @@ class TwrwSharding(RwSharding):
     host_columns: torch.Tensor
     place_columns: torch.Tensor
 
-    def __init__(self, tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding],
+    def __init__(self, tables: Sequence[EmbeddingBagConfig], shardings: Sequence[ParameterSharding],
                  optimizer: EmbeddingOptimizerConfig, group: Any | None = None,
                  grad_scale: float = 1.0, backend: str = "auto",
                  local_world_size: int | None = None) -> None:
