@@ -3,7 +3,7 @@
 On ``--rows`` synthetic CTR predictions (default 10M; ``--quick``: 1M) this measures, in one
 process, as medians over ``--repeats``:
 
-* ``streaming``: :class:`ctrctl.evaluation.streaming.MetricAccumulator` with no rows held
+* ``streaming``: :class:`ctrctl.metrics.streaming.CTRMetrics` with no rows held
   (2**20-bin histogram), fed chunk by chunk as a scoring loop would; peak memory is traced;
 * ``exact``: the same accumulator holding every row and sorting once;
 * ``sklearn``: the reference, ``roc_auc_score`` + ``average_precision_score`` + ``log_loss``
@@ -31,8 +31,8 @@ import numpy as np
 from sklearn.metrics import average_precision_score, log_loss, roc_auc_score
 
 from ctrctl.data.manifest import write_json_atomic
-from ctrctl.evaluation.streaming import MetricAccumulator, Metrics
 from ctrctl.evaluation.synthetic import synthetic_arrays, synthetic_predictions
+from ctrctl.metrics.streaming import CTRMetrics, Metrics
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,14 +49,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def streaming(rows: int, chunk_rows: int) -> Metrics:
-    acc = MetricAccumulator(exact_limit=0)
+    acc = CTRMetrics(exact_limit=0)
     for labels, scores in synthetic_predictions(rows, chunk_rows=chunk_rows):
         acc.update(labels, scores)
     return acc.compute()
 
 
 def exact(labels: np.ndarray, scores: np.ndarray) -> Metrics:
-    acc = MetricAccumulator(exact_limit=labels.size)
+    acc = CTRMetrics(exact_limit=labels.size)
     acc.update(labels, scores)
     return acc.compute()
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ctrctl.evaluation.calibration import ReliabilityBin
+from ctrctl.metrics.calibration import ReliabilityBin
 
 
 def _pyplot() -> Any:

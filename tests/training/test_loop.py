@@ -10,7 +10,7 @@ import torch
 
 from ctrctl.config import load_config
 from ctrctl.errors import OutputExistsError
-from ctrctl.evaluation.metrics import roc_auc
+from ctrctl.metrics.functional import roc_auc
 from ctrctl.testing.datasets import SyntheticDataset, make_dataset
 from ctrctl.training import checkpoint as ckpt
 from ctrctl.training.loop import train
