@@ -20,18 +20,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
 
 from ctrctl.compat import fbgemm_available
 from ctrctl.errors import CheckpointError, ConfigError
+from ctrctl.modules.embedding_kernel import EmbeddingKernel
 from ctrctl.modules.fbgemm_embedding import FbgemmTableBatchedEmbeddingBags, fbgemm_cannot_run
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.modules.torch_embedding import TorchTableBatchedEmbeddingBags
 
 logger = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    # mypy holds every kernel class to the Protocol here, whether or not it is built below.
+    _KERNELS: tuple[type[EmbeddingKernel], ...] = (
+        FbgemmTableBatchedEmbeddingBags, TorchTableBatchedEmbeddingBags)
 
 Backend = Literal["auto", "fbgemm", "torch"]
 _warned: set[str] = set()
@@ -142,7 +148,7 @@ class BatchedEmbeddingBag(nn.Module):
         self.backend = resolve_backend(
             backend, self.tables, self.optimizer, self.device, data_type, self.feature_table_map
         )
-        self.kernel: FbgemmTableBatchedEmbeddingBags | TorchTableBatchedEmbeddingBags
+        self.kernel: EmbeddingKernel
         if self.backend == "fbgemm":
             self.kernel = FbgemmTableBatchedEmbeddingBags(
                 self.tables,
