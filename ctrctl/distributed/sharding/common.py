@@ -236,7 +236,7 @@ def route(
         weights: optional per-id weights.
     """
     if not any(layout.row_split(t) for t in range(len(layout.tables))):
-        return _route_whole_features(layout, lengths, values, weights)
+        return route_whole_features(layout, lengths, values, weights)
     sizes = _uniform_row_wise_blocks(layout)
     if sizes is not None and use_fbgemm_ops() and values.device.type == "cpu":
         return _route_row_wise(layout, sizes, lengths, values, weights)
@@ -328,7 +328,7 @@ def _route_row_wise(
                        list(new_weights.split(counts)) if new_weights is not None else None)
 
 
-def _route_whole_features(
+def route_whole_features(
     layout: GroupLayout,
     lengths: torch.Tensor,
     values: torch.Tensor,

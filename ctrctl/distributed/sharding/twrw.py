@@ -94,7 +94,7 @@ class TwrwSharding(RwSharding):
                 if lr == self.local_rank:
                     self.cross_group = g
 
-    def output_dist(self, local: torch.Tensor, batch_per_rank: list[int]) -> torch.Tensor:
+    def return_pooled(self, local: torch.Tensor, batch_per_rank: list[int]) -> torch.Tensor:
         width = self.host_widths[self.host]
         # rows by source (h', l') -> by (l', h'): host rank l' gets a contiguous chunk
         sources = sorted(range(len(batch_per_rank)),
