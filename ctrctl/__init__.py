@@ -58,6 +58,10 @@ _EXPORTS: dict[str, str] = {
     "load_model": "ctrctl.training.predict",
     "predict_split": "ctrctl.training.predict",
     "evaluate": "ctrctl.evaluation",
+    # metrics (torchmetrics Metrics, usable in any training loop)
+    "CTRMetrics": "ctrctl.metrics",
+    "StreamingAUC": "ctrctl.metrics",
+    "roc_auc": "ctrctl.metrics",
     # tracking
     "make_tracker": "ctrctl.tracking",
 }

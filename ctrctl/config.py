@@ -33,7 +33,7 @@ from ctrctl.names import ComputeKernel, ShardingType
 
 __all__ = [
     "DenseOptimizerConfig",
-    "EmbeddingOptimizerConfig",
+    "EmbeddingOptimizerSection",
     "EvalConfig",
     "ModelConfig",
     "PipelineConfig",
@@ -90,8 +90,13 @@ class ModelConfig(_Section):
 
 
 # ---- optimizers --------------------------------------------------------------------------
-class EmbeddingOptimizerConfig(_Section):
-    """The optimizer fused into the embedding tables' backward pass.
+class EmbeddingOptimizerSection(_Section):
+    """The ``embedding_optimizer:`` section of a pipeline YAML: the fused optimizer as a user
+    writes it.
+
+    The kernels take :class:`ctrctl.modules.optimizers.EmbeddingOptimizerConfig` (FBGEMM's
+    names: ``exact_rowwise_adagrad`` ...); ``ctrctl.training.optimizers.embedding_optimizer``
+    turns this section into one.
 
     Attributes:
         kind: ``rowwise_adagrad`` (one accumulator per row), ``adagrad`` (one per element) or
@@ -269,7 +274,7 @@ class PipelineConfig(_Section):
     preprocess: PreprocessConfig = PreprocessConfig()
     plan: PlanConfig = PlanConfig()
     model: ModelConfig = ModelConfig()
-    embedding_optimizer: EmbeddingOptimizerConfig = EmbeddingOptimizerConfig()
+    embedding_optimizer: EmbeddingOptimizerSection = EmbeddingOptimizerSection()
     dense_optimizer: DenseOptimizerConfig = DenseOptimizerConfig()
     training: TrainingConfig = TrainingConfig()
     eval: EvalConfig = EvalConfig()

@@ -1,13 +1,16 @@
-"""Streaming evaluation at scale: binned AUC against exact sorting and scikit-learn.
+"""Streaming evaluation at scale: binned AUC against exact sorting, scikit-learn and torchmetrics.
 
 On ``--rows`` synthetic CTR predictions (default 10M; ``--quick``: 1M) this measures, in one
 process, as medians over ``--repeats``:
 
-* ``streaming``: :class:`ctrctl.evaluation.streaming.MetricAccumulator` with no rows held
+* ``streaming``: :class:`ctrctl.metrics.streaming.CTRMetrics` (a torchmetrics ``Metric``) with no rows held
   (2**20-bin histogram), fed chunk by chunk as a scoring loop would; peak memory is traced;
 * ``exact``: the same accumulator holding every row and sorting once;
 * ``sklearn``: the reference, ``roc_auc_score`` + ``average_precision_score`` + ``log_loss``
-  on the whole arrays.
+  on the whole arrays;
+* ``torchmetrics``: its own ``BinaryAUROC`` and ``BinaryAveragePrecision`` with
+  ``--thresholds`` thresholds (binned: constant memory, as the streaming path), fed the same
+  chunks; the baseline a torchmetrics user would reach for.
 
 It prints the AUC error of the streaming path beside its stated bound (the run fails if the
 bound is broken), the times as ratios to scikit-learn, and the peak memory of each path.
@@ -30,9 +33,9 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import average_precision_score, log_loss, roc_auc_score
 
-from ctrctl.evaluation.streaming import MetricAccumulator, Metrics
 from ctrctl.evaluation.synthetic import synthetic_arrays, synthetic_predictions
 from ctrctl.io import write_json_atomic
+from ctrctl.metrics.streaming import CTRMetrics, Metrics
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--chunk-rows", type=int, default=1 << 18, help="rows per update")
+    parser.add_argument("--thresholds", type=int, default=100,
+                        help="thresholds of torchmetrics' binned AUROC / average precision")
     parser.add_argument("--out", type=Path, default=Path("bench-out/eval.json"))
     args = parser.parse_args(argv)
     if args.quick:
@@ -49,14 +54,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def streaming(rows: int, chunk_rows: int) -> Metrics:
-    acc = MetricAccumulator(exact_limit=0)
+    acc = CTRMetrics(exact_limit=0)
     for labels, scores in synthetic_predictions(rows, chunk_rows=chunk_rows):
         acc.update(labels, scores)
     return acc.compute()
 
 
+def torchmetrics_binned(rows: int, chunk_rows: int, thresholds: int) -> dict[str, float]:
+    """torchmetrics' binned AUROC and average precision over the same chunks."""
+    import torch
+    from torchmetrics.classification import BinaryAUROC, BinaryAveragePrecision
+
+    auroc = BinaryAUROC(thresholds=thresholds)
+    average_precision = BinaryAveragePrecision(thresholds=thresholds)
+    for labels, scores in synthetic_predictions(rows, chunk_rows=chunk_rows):
+        preds, target = torch.from_numpy(scores), torch.from_numpy(labels.astype(np.int64))
+        auroc.update(preds, target)
+        average_precision.update(preds, target)
+    return {"auc": float(auroc.compute()), "pr_auc": float(average_precision.compute())}
+
+
 def exact(labels: np.ndarray, scores: np.ndarray) -> Metrics:
-    acc = MetricAccumulator(exact_limit=labels.size)
+    acc = CTRMetrics(exact_limit=labels.size)
     acc.update(labels, scores)
     return acc.compute()
 
@@ -101,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ours_stream, t_stream = timed(lambda: streaming(rows, args.chunk_rows), args.repeats)
     mem_stream = peak_mib(lambda: streaming(rows, args.chunk_rows))
     mem_exact = peak_mib(lambda: exact(*synthetic_arrays(rows)))
+    tm, t_tm = timed(lambda: torchmetrics_binned(rows, args.chunk_rows, args.thresholds),
+                     args.repeats)
 
     error = abs(ours_stream.auc - ref["auc"])
     results = {
@@ -118,6 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         "seconds_sklearn": t_ref,
         "seconds_exact": t_exact,
         "seconds_streaming": t_stream,
+        "seconds_torchmetrics": t_tm,
+        "torchmetrics_thresholds": args.thresholds,
+        "auc_torchmetrics_error": abs(tm["auc"] - ref["auc"]),
+        "pr_auc_torchmetrics_error": abs(tm["pr_auc"] - ref["pr_auc"]),
+        "ratio_torchmetrics_vs_sklearn": t_ref / t_tm,
+        "ratio_streaming_vs_torchmetrics": t_tm / t_stream,
         "ratio_exact_vs_sklearn": t_ref / t_exact,
         "ratio_streaming_vs_sklearn": t_ref / t_stream,
         "streaming_rows_per_s": rows / t_stream,
@@ -133,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{t_exact:>10.2f}{t_ref / t_exact:>18.2f}{mem_exact:>10.0f}")
     print(f"{'streaming':<12}{ours_stream.auc:>12.8f}{error:>18.2e}{t_stream:>10.2f}"
           f"{t_ref / t_stream:>18.2f}{mem_stream:>10.0f}")
+    print(f"{'torchmetrics':<12}{tm['auc']:>12.8f}{results['auc_torchmetrics_error']:>18.2e}"
+          f"{t_tm:>10.2f}{t_ref / t_tm:>18.2f}{'-':>10}"
+          f"   ({args.thresholds} thresholds; PR-AUC error "
+          f"{results['pr_auc_torchmetrics_error']:.2e})")
     print(f"streaming AUC bound {ours_stream.auc_bound:.2e} "
           f"({'holds' if results['bound_holds'] else 'BROKEN'}); "
           f"PR-AUC error {results['pr_auc_streaming_error']:.2e}, "

@@ -12,6 +12,12 @@ it. Two plans can be the same (the planner's plan is often one of the forced one
 estimates then tie, and the rank correlation counts ties as such. The JSON output holds
 every round and the calibrated topology.
 
+The targets (rank correlation at least 0.8, every estimate within 30% of its measurement) are
+checked here, not in the test suite: on a shared, loaded machine one plan measures up to 1.9x
+apart between rounds, so they need a quiet machine. The script says which target was missed
+and exits with code 1 (``--no-targets`` only reports). The test suite keeps the check that
+holds under load (``tests/distributed/planner/test_estimates_measured.py``: factor 3).
+
     .venv/bin/python scripts/check_plan_estimates.py                     # calibrates first
     .venv/bin/python scripts/check_plan_estimates.py --topology topology.json --quick
 """
@@ -51,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=None,
                         help="measurements of each plan, in turn (default 2 quick, 3 full)")
     parser.add_argument("--out", type=Path, default=Path("bench-out/plan_estimates.json"))
+    parser.add_argument("--no-targets", action="store_true",
+                        help="report only: exit 0 even when a target is missed")
     return parser.parse_args(argv)
 
 
@@ -155,6 +163,23 @@ def check(topology: Topology, quick: bool = False, batch: int | None = None,
             "topology": topology.to_dict()}
 
 
+#: The estimate's targets on a quiet machine (see the module docstring).
+MIN_SPEARMAN = 0.8
+MAX_ABS_ERROR = 0.30
+
+
+def missed_targets(result: dict[str, Any]) -> list[str]:
+    """The targets a :func:`check` result misses, each as one line."""
+    missed = []
+    if result["spearman"] < MIN_SPEARMAN:
+        missed.append(f"rank correlation {result['spearman']:.3f} < {MIN_SPEARMAN}")
+    if result["max_abs_error"] > MAX_ABS_ERROR:
+        worst = max(result["rows"], key=lambda r: abs(r["error"]))
+        missed.append(f"largest error {100 * result['max_abs_error']:.1f}% > "
+                      f"{100 * MAX_ABS_ERROR:.0f}% (plan {worst['plan']})")
+    return missed
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.topology is not None:
@@ -166,9 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     result = check(topology, args.quick, args.batch_size, args.steps, args.rounds)
     print(f"rank correlation of estimates and measurements: {result['spearman']:.3f}; "
           f"largest error {100 * result['max_abs_error']:.1f}%")
+    missed = missed_targets(result)
+    result["targets_met"] = not missed
     write_json_atomic(args.out, result)
     print(f"results in {args.out}")
-    return 0
+    for line in missed:
+        print(f"target missed: {line}")
+    return 1 if missed and not args.no_targets else 0
 
 
 if __name__ == "__main__":

@@ -96,6 +96,7 @@ def eval_command(
     experiment: Experiment = "ctrctl",
 ) -> None:
     """Evaluate a checkpoint (or a predictions file) on a dataset split."""
+    from ctrctl.distributed.launch import init_process_group
     from ctrctl.evaluation import launch as dist_launch
     from ctrctl.evaluation.evaluate import evaluate, gates_from_output
     from ctrctl.evaluation.gates import parse_gates, raise_for_failures
@@ -106,14 +107,14 @@ def eval_command(
     with locked(None if child else out, "eval"):
         if dist_launch.needs_launch(nproc_per_node):
             check_destination(out, overwrite)
-            code = dist_launch.launch(_child_args(locals()), nproc_per_node)
+            code = dist_launch.launch_eval(_child_args(locals()), nproc_per_node)
             gates_from_output(out, code)  # raises GateError / DistributedError
             metrics = json.loads((out / "metrics.json").read_text())
             _summary(metrics, {})
             if as_json:
                 stdout.print_json(data=metrics)
             return
-        distributed = dist_launch.init_from_env()
+        distributed = init_process_group()
         rank = int(os.environ.get("RANK", "0")) if distributed else 0
         try:
             result = evaluate(

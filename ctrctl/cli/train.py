@@ -47,7 +47,7 @@ def train_command(
     """Train a DLRM; checkpoints, metrics.json and config.json land in --out."""
     from ctrctl.config import load_config
     from ctrctl.errors import CtrctlError
-    from ctrctl.training.launch import TrainSpec, launch
+    from ctrctl.training.launch import TrainSpec, launch_training
     from ctrctl.training.loop import train
     from ctrctl.training.preflight import preflight
     from ctrctl.training.resume import resume_config, saved_config
@@ -65,7 +65,7 @@ def train_command(
                              overrides=tuple(overrides or ()), resume=resume, overwrite=overwrite,
                              plan=str(plan) if plan else None, track=not no_track,
                              tracking_uri=tracking_uri, experiment=experiment)
-            code = launch(spec, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
+            code = launch_training(spec, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
             if code:
                 raise CtrctlError(f"training workers failed (exit code {code})",
                                   hint="the worker lines above name the rank and the error")

@@ -57,6 +57,7 @@ from ctrctl.data.synthetic_model import (
 from ctrctl.data.synthetic_specs import AVAZU_COLUMNS, EFFECT_HEAD, FORMATS, format_spec
 from ctrctl.errors import ConfigError
 from ctrctl.io import check_destination, staged_folder, write_json_atomic
+from ctrctl.metrics.functional import MetricError, roc_auc
 from ctrctl.progress import Progress
 from ctrctl.tracking import Tracker
 
@@ -76,7 +77,6 @@ __all__ = [
     "hex_strings",
     "iter_batches",
     "parse_assignments",
-    "roc_auc",
     "split_rows",
     "synthesize",
     "text_of",
@@ -183,43 +183,13 @@ def text_of(lines: pa.StringArray | pa.ChunkedArray) -> memoryview:
     return memoryview(data)[int(offsets[0]) : int(offsets[-1])]
 
 
-def roc_auc(prob: np.ndarray, label: np.ndarray) -> float:
-    """Exact ROC AUC (ties count one half), or NaN when only one class is present.
-
-    Example:
-        >>> roc_auc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1]))
-        0.75
-    """
-    label = np.asarray(label).astype(bool)
-    prob = np.ascontiguousarray(prob)
-    positives = int(label.sum())
-    negatives = len(label) - positives
-    if positives == 0 or negatives == 0:
+def _best_auc(prob: np.ndarray, label: np.ndarray) -> float:
+    """The AUC of the true click probabilities (the best any model can reach), or NaN when a
+    split holds one class only."""
+    try:
+        return roc_auc(label, prob)
+    except MetricError:
         return float("nan")
-    bits = prob.view(np.uint32) if prob.dtype == np.float32 else None
-    if bits is None or int(bits.max()) >= 0x7F800000:
-        values, inverse = np.unique(prob, return_inverse=True)
-        pos = np.bincount(inverse, weights=label, minlength=len(values)).astype(np.int64)
-        neg = np.bincount(inverse, minlength=len(values)) - pos
-        # Twice the sum over positives of (negatives below + half the negatives tied).
-        twice = 2 * int(np.dot(pos, np.cumsum(neg) - neg)) + int(np.dot(pos, neg))
-        return twice / (2 * positives * negatives)
-    # Non-negative finite float32 order as their bit patterns: sort one uint32 key per row,
-    # value then label, so a value's negatives come before its positives. The positive at
-    # sorted place i then has i - (positives before it) negatives at or below its value.
-    keys = np.sort((bits << np.uint32(1)) | label)
-    at_or_below = int(np.flatnonzero(keys & np.uint32(1)).sum()) - positives * (positives - 1) // 2
-    # Tied negatives count one half: subtract half of (positives x negatives) per tied value.
-    values = keys >> np.uint32(1)
-    tied = np.flatnonzero(values[1:] == values[:-1])
-    if len(tied):
-        rows = np.union1d(tied, tied + 1)  # the rows of tied values, in sorted order
-        _, group = np.unique(values[rows], return_inverse=True)
-        pos = np.bincount(group, weights=keys[rows] & np.uint32(1)).astype(np.int64)
-        at_or_below_twice = 2 * at_or_below - int(np.dot(pos, np.bincount(group) - pos))
-    else:
-        at_or_below_twice = 2 * at_or_below
-    return at_or_below_twice / (2 * positives * negatives)
 
 
 def encoded_chunks(
@@ -493,7 +463,7 @@ def _write(
             prob, label = writers[name].close()
             np.save(tmp / f"{name}.prob.npy", prob)
             label_rate[name] = float(label.mean()) if len(label) else float("nan")
-            best_auc[name] = roc_auc(prob, label)
+            best_auc[name] = _best_auc(prob, label)
 
         progress.start(f"synth {format}", total=rows, unit="rows")
         finished = 0  # splits closed: a split closes with its last chunk, so that its AUC

@@ -26,26 +26,59 @@ from ctrctl import checkpoint as ckpt
 from ctrctl.distributed import comm
 from ctrctl.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from ctrctl.distributed.sharding.base import LocalShard
+from ctrctl.distributed.types import ShardMetadata
 from ctrctl.errors import CheckpointError
+from ctrctl.modules.embedding_modules import EmbeddingBagCollection
 
 
 def _sharded(module: nn.Module) -> list[ShardedEmbeddingBagCollection]:
     return [m for m in module.modules() if isinstance(m, ShardedEmbeddingBagCollection)]
 
 
+def _collections(module: nn.Module
+                 ) -> list[ShardedEmbeddingBagCollection | EmbeddingBagCollection]:
+    """Every embedding collection in ``module``, sharded or not, outermost only."""
+    found: list[tuple[str, ShardedEmbeddingBagCollection | EmbeddingBagCollection]] = []
+    for name, m in module.named_modules():
+        if any(name.startswith(f"{outer}.") or not outer for outer, _ in found):
+            continue
+        if isinstance(m, ShardedEmbeddingBagCollection | EmbeddingBagCollection):
+            found.append((name, m))
+    return [m for _, m in found]
+
+
 def local_shards(module: nn.Module, with_replicas: bool = True) -> list[LocalShard]:
-    """The table blocks this rank holds in ``module`` (a DMP, a model or a sharded collection).
+    """The table blocks this rank holds in ``module``: a DMP, a model, a sharded collection or
+    an unsharded one (whose tables are whole blocks at offset 0).
 
     Args:
         with_replicas: include data-parallel replicas (False on ranks other than the one that
             saves them).
     """
-    return [s for m in _sharded(module) for s in m.local_shards()
-            if with_replicas or not s.replicated]
+    shards = []
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    for m in _collections(module):
+        if isinstance(m, ShardedEmbeddingBagCollection):
+            shards += [s for s in m.local_shards() if with_replicas or not s.replicated]
+            continue
+        states = m.optimizer_state()
+        for name, weight in m.embedding_bag_weights().items():
+            rows, cols = int(weight.shape[0]), int(weight.shape[1])
+            shards.append(LocalShard(name, ShardMetadata(rank, 0, 0, rows, cols), weight,
+                                     dict(states.get(name, {}))))
+    return shards
 
 
-def table_shards(module: nn.Module, rank: int) -> list[ckpt.TableShard]:
-    """This rank's blocks as checkpoint pieces (replicas from rank 0 only)."""
+def table_shards(module: nn.Module, rank: int = 0) -> list[ckpt.TableShard]:
+    """This rank's blocks of every table, with optimizer state, as checkpoint pieces.
+
+    Data-parallel tables are replicated on every rank: only rank 0 saves them, so a
+    checkpoint holds each block of each table once.
+
+    Args:
+        module: an unsharded model or collection, or one wrapped by DistributedModelParallel.
+        rank: this process's rank in the group that writes the checkpoint.
+    """
     return [ckpt.TableShard(s.table, s.metadata.row_offset, s.metadata.col_offset,
                             s.weight.detach(), dict(s.optimizer_state))
             for s in local_shards(module, with_replicas=rank == 0)]
@@ -89,7 +122,7 @@ def load_sharded(path: str | Path, module: nn.Module, with_optimizer: bool = Tru
                 f"table {shard.table!r}: the checkpoint holds optimizer state "
                 f"{sorted(piece.optimizer_state)} but the model's is "
                 f"{sorted(shard.optimizer_state)}", where=str(path),
-                hint="resume with the same embedding optimizer")
+                hint="resume with the same embedding_optimizer.kind")
         for name, target in shard.optimizer_state.items():
             target.copy_(piece.optimizer_state[name].reshape(target.shape).to(target.dtype))
 

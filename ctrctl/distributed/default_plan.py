@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ctrctl.distributed.sharding.common import TableSpec
 from ctrctl.distributed.types import (
     ComputeKernel,
     ParameterSharding,
@@ -24,6 +23,7 @@ from ctrctl.distributed.types import (
     row_blocks,
 )
 from ctrctl.errors import PlanError
+from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 
 
 def column_blocks(dim: int, max_blocks: int, min_block_width: int = 4) -> list[tuple[int, int]]:
@@ -40,7 +40,7 @@ def column_blocks(dim: int, max_blocks: int, min_block_width: int = 4) -> list[t
 
 
 def table_sharding(
-    table: TableSpec,
+    table: EmbeddingBagConfig,
     sharding_type: str,
     world_size: int,
     local_world_size: int | None = None,
@@ -86,7 +86,7 @@ def table_sharding(
 
 
 def forced_plan(
-    tables: Sequence[TableSpec],
+    tables: Sequence[EmbeddingBagConfig],
     world_size: int,
     sharding_type: str | Mapping[str, str],
     local_world_size: int | None = None,
@@ -116,7 +116,7 @@ def forced_plan(
     return plan
 
 
-def default_plan(tables: Sequence[TableSpec], world_size: int,
+def default_plan(tables: Sequence[EmbeddingBagConfig], world_size: int,
                  local_world_size: int | None = None) -> ShardingPlan:
     """Table-wise, the largest tables first, each on the least loaded rank (by bytes).
 

@@ -29,7 +29,6 @@ import torch.distributed as dist
 from torch import nn
 
 from ctrctl.distributed.sharding.base import EmbeddingSharding, LocalShard
-from ctrctl.distributed.sharding.common import TableSpec
 from ctrctl.distributed.sharding.cw import CwSharding
 from ctrctl.distributed.sharding.dp import DpSharding
 from ctrctl.distributed.sharding.rw import RwSharding
@@ -39,6 +38,7 @@ from ctrctl.distributed.sharding.twrw import TwrwSharding
 from ctrctl.distributed.types import ParameterSharding, ShardingPlan
 from ctrctl.errors import PlanError, SparseInputError
 from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
+from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.names import ShardingType
@@ -78,7 +78,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     def __init__(
         self,
-        tables: Sequence[TableSpec],
+        tables: Sequence[EmbeddingBagConfig],
         plan: Mapping[str, ParameterSharding],
         optimizer: EmbeddingOptimizerConfig,
         group: Any | None = None,

@@ -2,19 +2,14 @@
 ECE, reliability), per segment, against baselines, with gates; streaming and distributed.
 
 Example:
-    >>> from ctrctl.evaluation import evaluate, roc_auc, MetricAccumulator
+    >>> from ctrctl.evaluation import evaluate, roc_auc, CTRMetrics
     >>> roc_auc(labels, scores)                        # exact, ties count 1/2 (as sklearn)
-    >>> acc = MetricAccumulator(); acc.update(labels, scores); acc.compute().auc_bound
+    >>> m = CTRMetrics(); m.update(labels, scores); m.compute().auc_bound
     >>> evaluate("eval-out", checkpoint="runs/a", dataset="data", gates=["auc>=0.7"])
 """
 
 from __future__ import annotations
 
-from ctrctl.evaluation.calibration import (
-    ReliabilityBin,
-    expected_calibration_error,
-    reliability_table,
-)
 from ctrctl.evaluation.evaluate import EvalResult, evaluate
 from ctrctl.evaluation.gates import (
     Gate,
@@ -23,7 +18,13 @@ from ctrctl.evaluation.gates import (
     gates_from_mapping,
     parse_gates,
 )
-from ctrctl.evaluation.metrics import (
+from ctrctl.evaluation.segments import SegmentAccumulator
+from ctrctl.metrics.calibration import (
+    ReliabilityBin,
+    expected_calibration_error,
+    reliability_table,
+)
+from ctrctl.metrics.functional import (
     MetricError,
     average_precision,
     calibration_ratio,
@@ -31,14 +32,13 @@ from ctrctl.evaluation.metrics import (
     normalized_entropy,
     roc_auc,
 )
-from ctrctl.evaluation.segments import SegmentAccumulator
-from ctrctl.evaluation.streaming import MetricAccumulator, Metrics, ScoreHistogram
+from ctrctl.metrics.streaming import CTRMetrics, Metrics, ScoreHistogram
 
 __all__ = [
+    "CTRMetrics",
     "EvalResult",
     "Gate",
     "GateResult",
-    "MetricAccumulator",
     "MetricError",
     "Metrics",
     "ReliabilityBin",

@@ -7,7 +7,7 @@
   training get the base rate.
 
 Each baseline streams one feature column at a time (bounded memory) through its own
-:class:`~ctrctl.evaluation.streaming.MetricAccumulator`.
+:class:`~ctrctl.metrics.streaming.CTRMetrics`.
 
 Example:
     >>> results = feature_ctr_baselines("dataset", "test", features=["C1", "C2"])
@@ -25,9 +25,9 @@ import numpy as np
 import polars as pl
 
 from ctrctl.data.manifest import DatasetManifest
-from ctrctl.evaluation.metrics import EPS
 from ctrctl.evaluation.sources import rank_range, read_columns, split_files
-from ctrctl.evaluation.streaming import MetricAccumulator
+from ctrctl.metrics.functional import EPS
+from ctrctl.metrics.streaming import CTRMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def feature_ctr_baselines(
         features: one-hot sparse features (default: all of them).
         smoothing: pseudo-impressions at the base rate added to every value.
         rank, world_size: this rank's share of the rows; results are synced across ranks.
-        exact_limit: rows held for exact AUC (as :class:`MetricAccumulator`).
+        exact_limit: rows held for exact AUC (as :class:`CTRMetrics`).
         group: the process group to sync over (default: the default group, if any).
     """
     dataset = Path(dataset)
@@ -102,7 +102,7 @@ def feature_ctr_baselines(
     results = []
     for feature in names:
         values, ctr, rate = feature_ctr_table(dataset, manifest, feature, smoothing)
-        acc = MetricAccumulator(num_bins=BASELINE_BINS, exact_limit=exact_limit)
+        acc = CTRMetrics(num_bins=BASELINE_BINS, exact_limit=exact_limit, process_group=group)
         for batch in read_columns(files, [manifest.label, feature], start, stop):
             x = batch[feature]
             where = np.clip(np.searchsorted(values, x), 0, max(values.size - 1, 0))
@@ -110,7 +110,6 @@ def feature_ctr_baselines(
             hit = (values[where] == x) if found else np.zeros(x.size, bool)
             scores = np.where(hit, ctr[where] if found else rate, rate)
             acc.update(batch[manifest.label], scores)
-        acc.sync(group)
         m = acc.compute()
         results.append({
             "baseline": f"feature_ctr:{feature}",

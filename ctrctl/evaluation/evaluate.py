@@ -25,18 +25,18 @@ from ctrctl.evaluation.baselines import (
     base_rate_baseline,
     feature_ctr_baselines,
 )
-from ctrctl.evaluation.calibration import DEFAULT_BINS
 from ctrctl.evaluation.gates import Gate, GateResult, check_gates, parse_gates, raise_for_failures
 from ctrctl.evaluation.outputs import write_csv
 from ctrctl.evaluation.segments import SegmentAccumulator
 from ctrctl.evaluation.sources import ScoreBatch, checkpoint_scores, predictions_scores
-from ctrctl.evaluation.streaming import (
+from ctrctl.io import check_destination, publish_staged, stage_folder, write_json_atomic
+from ctrctl.metrics.calibration import DEFAULT_BINS
+from ctrctl.metrics.streaming import (
     DEFAULT_EXACT_LIMIT,
     DEFAULT_NUM_BINS,
-    MetricAccumulator,
+    CTRMetrics,
     Metrics,
 )
-from ctrctl.io import check_destination, publish_staged, stage_folder, write_json_atomic
 from ctrctl.progress import NullProgress, Progress
 from ctrctl.tracking import Tracker
 
@@ -347,7 +347,8 @@ def _measure(
 ) -> EvalResult:
     manifest = DatasetManifest.load(dataset) if dataset is not None else None
     total = manifest.split(split).rows if manifest is not None else None
-    acc = MetricAccumulator(num_bins=num_bins, exact_limit=exact_limit, ece_bins=ece_bins)
+    acc = CTRMetrics(num_bins=num_bins, exact_limit=exact_limit, ece_bins=ece_bins,
+                     process_group=group)
     segments = {f: SegmentAccumulator(f, exact_limit=exact_limit) for f in segment_by}
     writer = _PredictionWriter(staging / "predictions", rank) if save_predictions else None
     progress.start(f"eval {split}", total=total // world_size if total else None, unit="rows")
@@ -364,10 +365,9 @@ def _measure(
         if writer is not None:
             writer.close()
         progress.finish()
-    acc.sync(group)
     for seg in segments.values():
         seg.sync(group)
-    details = acc.compute()
+    details = acc.compute()  # synced over the ranks of group
     baseline_rows: list[dict[str, Any]] = []
     if with_baselines and manifest is not None and dataset is not None and "train" in (
         manifest.splits

@@ -1,4 +1,8 @@
-"""Plots of an evaluation as PNG files (matplotlib's Agg backend: no display needed).
+"""Plots of an evaluation as PNG files.
+
+Each plot is a :class:`matplotlib.figure.Figure` made directly (no pyplot, no global state):
+matplotlib's backend is left as the user set it (a notebook keeps its inline plots) and no
+display is needed to write the file.
 
 Example:
     >>> reliability_plot(metrics.reliability, out / "reliability.png")
@@ -13,24 +17,22 @@ from typing import Any
 
 import numpy as np
 
-from ctrctl.evaluation.calibration import ReliabilityBin
+from ctrctl.metrics.calibration import ReliabilityBin
 
 
-def _pyplot() -> Any:
-    import matplotlib
+def _figure(width: float, height: float) -> tuple[Any, Any]:
+    """A standalone figure and its axes (not registered with pyplot, so nothing to close)."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
+    fig = Figure(figsize=(width, height))
+    return fig, fig.add_subplot()
 
 
 def reliability_plot(
     bins: Sequence[ReliabilityBin], path: str | Path, title: str = "Reliability"
 ) -> Path:
     """Observed click rate against mean prediction per equal-mass bin, beside the diagonal."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 5))
+    fig, ax = _figure(5.5, 5)
     x = np.array([b.mean_score for b in bins])
     y = np.array([b.click_rate for b in bins])
     top = float(max(x.max(initial=0.0), y.max(initial=0.0), 1e-3)) * 1.05
@@ -46,7 +48,6 @@ def reliability_plot(
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
@@ -54,12 +55,11 @@ def score_histogram_plot(
     histogram: dict[str, list[float]], path: str | Path, title: str = "Scores by label"
 ) -> Path:
     """Score distribution of clicks and non-clicks (each normalised), over the logit."""
-    plt = _pyplot()
     edges = np.asarray(histogram["logit_edges"])
     pos = np.asarray(histogram["positives"])
     neg = np.asarray(histogram["negatives"])
     used = np.flatnonzero(pos + neg)
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = _figure(6.5, 4)
     if used.size:
         lo, hi = used[0], used[-1] + 1
         centers = (edges[lo:hi] + edges[lo + 1 : hi + 1]) / 2
@@ -78,5 +78,4 @@ def score_histogram_plot(
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

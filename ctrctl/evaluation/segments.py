@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ctrctl.evaluation.metrics import (
+from ctrctl.metrics.functional import (
     EPS,
     MetricError,
     ScoreGroups,
@@ -35,7 +35,7 @@ from ctrctl.evaluation.metrics import (
     group_by_score,
     normalized_entropy_from,
 )
-from ctrctl.evaluation.streaming import LOGIT_RANGE, ScoreHistogram
+from ctrctl.metrics.streaming import LOGIT_RANGE, ScoreHistogram
 
 logger = logging.getLogger(__name__)
 

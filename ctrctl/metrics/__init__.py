@@ -1,57 +1,50 @@
-"""Metric math for binary click models, below training and evaluation.
+"""Metrics of click predictions: the exact functions, and streaming torchmetrics ``Metric``s.
 
-:mod:`ctrctl.metrics.functional` holds the exact metrics on numpy rows (AUC, PR-AUC, logloss,
-NE, calibration) and their score-group forms, shared by training's validation and by
-``ctrctl eval``.
+- :mod:`ctrctl.metrics.functional`: exact, sort-based AUC, PR-AUC, logloss, NE, calibration
+  ratio on whole arrays (the reference; they match scikit-learn);
+- :mod:`ctrctl.metrics.calibration`: equal-mass reliability bins and ECE;
+- :mod:`ctrctl.metrics.streaming`: the same as torchmetrics ``Metric`` subclasses with
+  distributed sync (:class:`CTRMetrics`, :class:`StreamingAUC`, :class:`Calibration`,
+  :class:`NormalizedEntropy`, :class:`ExpectedCalibrationError`, :class:`LogLoss`), used by
+  ``ctrctl eval`` and training's validation alike.
+
+Pure metric math: nothing here knows datasets, models or the CLI (training may import it).
 
 Example:
-    >>> from ctrctl.metrics import log_loss, roc_auc
-    >>> roc_auc(np.array([0, 1, 1]), np.array([0.2, 0.7, 0.1]))
-    0.5
+    >>> from ctrctl.metrics import CTRMetrics, roc_auc
+    >>> roc_auc(labels, scores)                           # exact
+    >>> m = CTRMetrics(); m.update(labels, scores); m.compute().auc_bound
 """
 
-from ctrctl.metrics.functional import (
-    EPS,
-    MetricError,
-    ScoreGroups,
-    SortedRows,
-    auc_from_groups,
-    auc_tie_bound,
-    average_precision,
-    average_precision_from_groups,
-    binary_entropy,
-    calibration_from,
-    calibration_ratio,
-    check_inputs,
-    group_by_score,
-    groups_from_sorted,
-    log_loss,
-    logloss_sum,
-    normalized_entropy,
-    normalized_entropy_from,
-    roc_auc,
-    sort_rows,
-)
+from __future__ import annotations
 
-__all__ = [
-    "EPS",
-    "MetricError",
-    "ScoreGroups",
-    "SortedRows",
-    "auc_from_groups",
-    "auc_tie_bound",
-    "average_precision",
-    "average_precision_from_groups",
-    "binary_entropy",
-    "calibration_from",
-    "calibration_ratio",
-    "check_inputs",
-    "group_by_score",
-    "groups_from_sorted",
-    "log_loss",
-    "logloss_sum",
-    "normalized_entropy",
-    "normalized_entropy_from",
-    "roc_auc",
-    "sort_rows",
-]
+import importlib
+from typing import Any
+
+#: public name -> module; loaded on first use, so that the pure functions (used by
+#: ``ctrctl synth``) do not import torchmetrics.
+_EXPORTS: dict[str, str] = {
+    **{name: "ctrctl.metrics.calibration" for name in (
+        "ReliabilityBin", "expected_calibration_error", "reliability_table")},
+    **{name: "ctrctl.metrics.functional" for name in (
+        "MetricError", "average_precision", "calibration_ratio", "log_loss",
+        "normalized_entropy", "roc_auc")},
+    **{name: "ctrctl.metrics.streaming" for name in (
+        "CTRMetrics", "Calibration", "ExpectedCalibrationError", "LogLoss", "Metrics",
+        "NormalizedEntropy", "ScoreHistogram", "ScoreMetric", "StreamingAUC")},
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ctrctl.metrics' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -3,7 +3,7 @@
 Every metric here works on *groups*: runs of rows that share one score, in ascending score
 order, each with the (weighted) count of positives and negatives. Sorted rows give the exact
 metrics (ties form one group, as scikit-learn treats them: a tied positive/negative pair counts
-1/2); the bins of a score histogram give the streaming ones (``ctrctl.evaluation.streaming``),
+1/2); the bins of a score histogram give the streaming ones (``ctrctl.metrics.streaming``),
 whose only uncertainty is the order of the pairs inside one bin.
 
 Example:
@@ -187,10 +187,50 @@ def average_precision_from_groups(groups: ScoreGroups) -> float:
 def roc_auc(labels: np.ndarray, scores: np.ndarray, weights: np.ndarray | None = None) -> float:
     """Exact ROC AUC, ties counted 1/2 (matches ``sklearn.metrics.roc_auc_score``).
 
+    The one AUC of the project: evaluation, validation, and the best AUC of synthetic logs.
+    Unweighted float32 scores take a faster path (one sort of 32-bit keys) with the same
+    result.
+
     Raises:
-        MetricError: when the rows hold only one class.
+        MetricError: when the rows hold only one class, or on invalid rows.
     """
+    if weights is None:
+        fast = _roc_auc_float32(labels, scores)
+        if fast is not None:
+            return fast
     return auc_from_groups(group_by_score(labels, scores, weights))
+
+
+def _roc_auc_float32(labels: np.ndarray, scores: np.ndarray) -> float | None:
+    """Exact AUC of unweighted float32 probabilities by sorting their bit patterns; None
+    when the rows do not suit it (other dtypes, NaN, a bad label or shape)."""
+    prob = np.ascontiguousarray(scores)
+    label = np.asarray(labels).reshape(-1)
+    if prob.dtype != np.float32 or prob.ndim != 1 or label.shape != prob.shape or not prob.size:
+        return None
+    bits = prob.view(np.uint32)
+    # Non-negative finite float32 values below 1.0 (0x3F800000) order as their bit patterns.
+    if int(bits.max()) > 0x3F800000 or not ((label == 0) | (label == 1)).all():
+        return None
+    flag = label.astype(np.uint32)
+    positives = int(flag.sum())
+    negatives = label.size - positives
+    _require_both_classes(positives, negatives, "AUC")
+    # One uint32 key per row, value then label, so a value's negatives come before its
+    # positives. The positive at sorted place i then has i - (positives before it) negatives
+    # at or below its value.
+    keys = np.sort((bits << np.uint32(1)) | flag)
+    at_or_below = int(np.flatnonzero(keys & np.uint32(1)).sum()) - positives * (positives - 1) // 2
+    # Tied negatives count one half: subtract half of (positives x negatives) per tied value.
+    values = keys >> np.uint32(1)
+    tied = np.flatnonzero(values[1:] == values[:-1])
+    twice = 2 * at_or_below
+    if len(tied):
+        rows = np.union1d(tied, tied + 1)  # the rows of tied values, in sorted order
+        _, group = np.unique(values[rows], return_inverse=True)
+        pos = np.bincount(group, weights=keys[rows] & np.uint32(1)).astype(np.int64)
+        twice -= int(np.dot(pos, np.bincount(group) - pos))
+    return twice / (2 * positives * negatives)
 
 
 def average_precision(

@@ -22,19 +22,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
 
 from ctrctl.compat import fbgemm_available
 from ctrctl.errors import CheckpointError, ConfigError
+from ctrctl.modules.embedding_kernel import EmbeddingKernel
 from ctrctl.modules.fbgemm_embedding import FbgemmTableBatchedEmbeddingBags, fbgemm_cannot_run
 from ctrctl.modules.native_embedding import NativeTableBatchedEmbeddingBags, native_cannot_run
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.modules.torch_embedding import TorchTableBatchedEmbeddingBags
 
 logger = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    # mypy holds every kernel class to the Protocol here, whether or not it is built below.
+    _KERNELS: tuple[type[EmbeddingKernel], ...] = (
+        FbgemmTableBatchedEmbeddingBags, NativeTableBatchedEmbeddingBags,
+        TorchTableBatchedEmbeddingBags)
 
 Backend = Literal["auto", "fbgemm", "native", "torch"]
 BACKENDS: tuple[str, ...] = ("auto", "fbgemm", "native", "torch")
@@ -156,7 +163,7 @@ class BatchedEmbeddingBag(nn.Module):
         self.backend = resolve_backend(
             backend, self.tables, self.optimizer, self.device, data_type, self.feature_table_map
         )
-        self.kernel: FbgemmTableBatchedEmbeddingBags | TorchTableBatchedEmbeddingBags
+        self.kernel: EmbeddingKernel
         if self.backend == "native":
             self.kernel = NativeTableBatchedEmbeddingBags(
                 self.tables, self.feature_table_map, self.optimizer, pooling, self.device

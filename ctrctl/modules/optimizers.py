@@ -17,6 +17,11 @@ These are FBGEMM's CPU definitions (fbgemm_gpu codegen/genscript/optimizers.py);
 :func:`apply_sparse_update` implements them for the plain-torch kernel and the tests hold the
 two against each other.
 
+This is the kernel-level setting (FBGEMM's names). The pipeline YAML's
+``embedding_optimizer:`` section is :class:`ctrctl.config.EmbeddingOptimizerSection` (the
+user's names: ``rowwise_adagrad`` ...), turned into this by
+``ctrctl.training.optimizers.embedding_optimizer``.
+
 Example:
     >>> cfg = EmbeddingOptimizerConfig(kind="exact_rowwise_adagrad", lr=0.05)
 """

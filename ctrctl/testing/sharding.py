@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from ctrctl.distributed.checkpoint import gather_table_weights
 from ctrctl.distributed.default_plan import forced_plan
 from ctrctl.distributed.embeddingbag import ShardedEmbeddingBagCollection
-from ctrctl.distributed.sharding.common import TableSpec
+from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.names import ShardingType
 from ctrctl.sparse.jagged_tensor import KeyedJaggedTensor
@@ -44,19 +44,19 @@ LR = 0.1
 DENSE_LR = 0.05
 
 
-def golden_tables(weighted: bool = False) -> list[TableSpec]:
+def golden_tables(weighted: bool = False) -> list[EmbeddingBagConfig]:
     """Four small tables: a shared one (two features), a mean-pooled one, one with 3 rows."""
     mean = "sum" if weighted else "mean"
     return [
-        TableSpec("t0", 37, 8, ("f0",)),
-        TableSpec("t1", 50, 16, ("f1",), pooling=cast(Any, mean)),
-        TableSpec("t2", 11, 8, ("f2", "f3")),
-        TableSpec("t3", 3, 4, ("f4",)),
+        EmbeddingBagConfig("t0", 37, 8, ("f0",)),
+        EmbeddingBagConfig("t1", 50, 16, ("f1",), pooling=cast(Any, mean)),
+        EmbeddingBagConfig("t2", 11, 8, ("f2", "f3")),
+        EmbeddingBagConfig("t3", 3, 4, ("f4",)),
     ]
 
 
 @dataclass
-class Batch:
+class GoldenBatch:
     """One rank's slice: lengths (F, B), per-feature ids, weights, dense (B, 3), labels (B,)."""
 
     lengths: torch.Tensor
@@ -72,8 +72,8 @@ class Batch:
             lengths=self.lengths.reshape(-1), stride=self.lengths.shape[1])
 
 
-def make_batches(tables: Sequence[TableSpec], batch_per_rank: Sequence[int], seed: int,
-                 weighted: bool = False) -> list[Batch]:
+def make_batches(tables: Sequence[EmbeddingBagConfig], batch_per_rank: Sequence[int], seed: int,
+                 weighted: bool = False) -> list[GoldenBatch]:
     """Random multi-hot bags (0-4 ids, repeats allowed) for each rank's samples."""
     gen = torch.Generator().manual_seed(seed)
     batches = []
@@ -86,19 +86,19 @@ def make_batches(tables: Sequence[TableSpec], batch_per_rank: Sequence[int], see
                 ids = torch.randint(0, table.num_embeddings, (int(n.sum()),), generator=gen)
                 values.append(ids)
                 weights.append(torch.rand(ids.numel(), generator=gen) + 0.5)
-        batches.append(Batch(torch.stack(lengths), values, weights if weighted else None,
+        batches.append(GoldenBatch(torch.stack(lengths), values, weights if weighted else None,
                              torch.randn(batch, DENSE_IN, generator=gen),
                              torch.randint(0, 2, (batch,), generator=gen).float()))
     return batches
 
 
-def init_weights(tables: Sequence[TableSpec], seed: int) -> dict[str, torch.Tensor]:
+def init_weights(tables: Sequence[EmbeddingBagConfig], seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return {t.name: torch.rand(t.num_embeddings, t.embedding_dim, generator=gen) - 0.5
             for t in tables}
 
 
-def init_head(tables: Sequence[TableSpec], seed: int) -> torch.nn.Linear:
+def init_head(tables: Sequence[EmbeddingBagConfig], seed: int) -> torch.nn.Linear:
     torch.manual_seed(seed)
     width = DENSE_IN + sum(t.embedding_dim * len(t.feature_names) for t in tables)
     return torch.nn.Linear(width, 1)
@@ -117,8 +117,8 @@ def fused_update(kind: str, weight: torch.Tensor, grad: torch.Tensor, lr: float,
 
 
 def reference_step(
-    tables: Sequence[TableSpec], weights: dict[str, torch.Tensor], head: torch.nn.Linear,
-    batches: Sequence[Batch], kind: str, dp_tables: Sequence[str],
+    tables: Sequence[EmbeddingBagConfig], weights: dict[str, torch.Tensor], head: torch.nn.Linear,
+    batches: Sequence[GoldenBatch], kind: str, dp_tables: Sequence[str],
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.nn.Linear]:
     """The unsharded model on the global batch: (logits, loss, weights after, head after)."""
     full = {n: w.clone().requires_grad_() for n, w in weights.items()}

@@ -36,7 +36,7 @@ from ctrctl.distributed.model_parallel import DistributedModelParallel
 from ctrctl.distributed.processes import free_port
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
-from ctrctl.testing.sharding import DENSE_IN, Batch, _say, golden_tables, make_batches
+from ctrctl.testing.sharding import DENSE_IN, GoldenBatch, _say, golden_tables, make_batches
 
 LR = 0.05
 
@@ -53,7 +53,7 @@ class TinyModel(nn.Module):
         torch.manual_seed(seed)
         self.head = nn.Linear(DENSE_IN + width, 1)
 
-    def forward(self, batch: Batch, keys: Sequence[str]) -> torch.Tensor:
+    def forward(self, batch: GoldenBatch, keys: Sequence[str]) -> torch.Tensor:
         pooled = self.ebc(batch.kjt(keys))
         return self.head(torch.cat([batch.dense, pooled.values()], dim=1)).squeeze(1)
 
@@ -66,10 +66,10 @@ def make_model(kind: str, seed: int, backend: str = "auto") -> tuple[TinyModel, 
     return TinyModel(ebc, width, seed), [f for t in tables for f in t.feature_names]
 
 
-def concat_batches(batches: Sequence[Batch]) -> Batch:
+def concat_batches(batches: Sequence[GoldenBatch]) -> GoldenBatch:
     """The global batch: every rank's samples in rank order."""
     features = batches[0].lengths.shape[0]
-    return Batch(
+    return GoldenBatch(
         torch.cat([b.lengths for b in batches], dim=1),
         [torch.cat([b.values[f] for b in batches]) for f in range(features)],
         None,
@@ -82,7 +82,7 @@ def mean_of_rank_means(per_sample: torch.Tensor, batch_per_rank: Sequence[int]) 
     return torch.stack([p.mean() for p in per_sample.split(list(batch_per_rank))]).mean()
 
 
-def reference_steps(model: TinyModel, keys: list[str], steps: Sequence[Sequence[Batch]]
+def reference_steps(model: TinyModel, keys: list[str], steps: Sequence[Sequence[GoldenBatch]]
                     ) -> list[torch.Tensor]:
     """Train the unsharded model one step per global batch; return each step's logits."""
     opt = torch.optim.SGD(model.head.parameters(), lr=LR)
@@ -99,7 +99,7 @@ def reference_steps(model: TinyModel, keys: list[str], steps: Sequence[Sequence[
 
 
 def sharded_steps(dmp: DistributedModelParallel, keys: list[str], rank: int,
-                  steps: Sequence[Sequence[Batch]]) -> list[torch.Tensor]:
+                  steps: Sequence[Sequence[GoldenBatch]]) -> list[torch.Tensor]:
     opt = torch.optim.SGD(dmp.dense_parameters(), lr=LR)
     out = []
     for batches in steps:

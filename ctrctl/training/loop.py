@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -37,6 +36,7 @@ from ctrctl.compat import bf16_autocast_supported
 from ctrctl.config import PipelineConfig
 from ctrctl.data.dataset import BatchLoader, LoaderPosition
 from ctrctl.data.manifest import DatasetManifest
+from ctrctl.distributed import checkpoint as dist_ckpt
 from ctrctl.distributed.types import ShardingPlan
 from ctrctl.errors import CheckpointError, ConfigError, OutputExistsError
 from ctrctl.io import write_json_atomic
@@ -98,16 +98,22 @@ def evaluate_model(
     device: torch.device,
     world_size: int = 1,
 ) -> dict[str, float]:
-    """AUC (exact, sort-based) and logloss of ``model`` over a scoring loader.
+    """Validation metrics of ``model`` over a scoring loader, the same as ``ctrctl eval``'s.
 
-    With ``world_size > 1`` every rank scores its slice and the labels and scores are
-    gathered so every rank returns the same numbers.
+    The scores stream into a :class:`~ctrctl.metrics.CTRMetrics` (exact by sorting up to its
+    ``exact_limit`` rows, then a histogram with its error bound); with ``world_size > 1``
+    each rank scores its slice and the metric's states are combined over the default group
+    (torchmetrics' sync), so every rank returns the same numbers.
+
+    Returns:
+        ``rows``, ``logloss`` and, when defined for the rows, ``auc``, ``auc_bound``, ``ne``
+        and ``calibration``.
     """
-    from ctrctl.metrics import log_loss, roc_auc
+    from ctrctl.metrics.streaming import CTRMetrics
 
     was_training = model.training
     model.eval()
-    labels, scores = [], []
+    metric = CTRMetrics()
     steps = loader.num_batches
     if world_size > 1:
         # A sharded model runs collectives in forward: every rank must take as many steps,
@@ -128,22 +134,17 @@ def evaluate_model(
         batch = batch.to(device)
         logits = model(batch.dense, batch.sparse)
         if keep:
-            scores.append(torch.sigmoid(logits.float()).cpu().numpy())
-            labels.append(batch.labels.cpu().numpy())
+            metric.update(batch.labels.cpu(), torch.sigmoid(logits.float()).cpu())
     batches.close()
     model.train(was_training)
-    y = np.concatenate(labels) if labels else np.empty(0, np.float32)
-    p = np.concatenate(scores) if scores else np.empty(0, np.float32)
-    if world_size > 1:
-        gathered: list[Any] = [None] * world_size
-        dist.all_gather_object(gathered, (y, p))
-        y = np.concatenate([g[0] for g in gathered])
-        p = np.concatenate([g[1] for g in gathered])
-    out = {"rows": float(len(y))}
-    if len(y) and 0 < y.sum() < len(y):
-        out["auc"] = float(roc_auc(y, p))
-    if len(y):
-        out["logloss"] = float(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7)))
+    if world_size > 1 and device.type == "cuda":
+        metric = metric.to(device)  # NCCL syncs device tensors
+    m = metric.compute()
+    out = {"rows": float(m.rows)}
+    for key in ("auc", "auc_bound", "logloss", "ne", "calibration"):
+        value = getattr(m, key)
+        if value is not None:
+            out[key] = float(value)
     return out
 
 
@@ -221,7 +222,7 @@ class _Trainer:
                        "world_size": self.world_size},
         }
         return ckpt.save_checkpoint(
-            self.out / "checkpoints", self.step, model_io.table_shards(self.model, self.rank),
+            self.out / "checkpoints", self.step, dist_ckpt.table_shards(self.model, self.rank),
             model_io.dense_state(self.model), self.optimizer.state_dict(), trainer_state,
             self._metadata(), rank=self.rank, world_size=self.world_size)
 

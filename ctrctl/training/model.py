@@ -9,7 +9,7 @@ plus a dense state dict.
 
 Example:
     >>> model = build_model(config, manifest, torch.device("cpu"))
-    >>> shards = table_shards(model)          # [TableShard("C1", 0, 0, weight, state), ...]
+    >>> shards = dist_ckpt.table_shards(model)   # [TableShard("C1", 0, 0, weight, state), ...]
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ctrctl import checkpoint as ckpt
 from ctrctl.config import PipelineConfig
 from ctrctl.data.manifest import DatasetManifest
+from ctrctl.distributed import checkpoint as dist_ckpt  # a module: it imports training
 from ctrctl.distributed.types import ShardingPlan
 from ctrctl.errors import CheckpointError, ConfigError
 from ctrctl.modules import DLRM, EmbeddingBagCollection, EmbeddingBagConfig
@@ -41,7 +41,6 @@ __all__ = [
     "load_dense_state",
     "load_tables",
     "table_info",
-    "table_shards",
     "wrap_model",
 ]
 
@@ -208,42 +207,6 @@ def load_dense_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 
 
 # ---- tables ------------------------------------------------------------------------------
-def _blocks(model: nn.Module, with_replicas: bool = True
-            ) -> list[tuple[nn.Module, str, int, int, torch.Tensor, dict[str, torch.Tensor]]]:
-    """(module, table, row_offset, col_offset, weight view, state views) per local block.
-
-    ``with_replicas`` False leaves out data-parallel replicas (blocks every rank holds).
-    """
-    out = []
-    for _, module in _embedding_modules(model):
-        if hasattr(module, "local_shards"):
-            for s in getattr(module, "local_shards")():  # noqa: B009
-                if with_replicas or not getattr(s, "replicated", False):
-                    out.append((module, s.table, s.metadata.row_offset, s.metadata.col_offset,
-                                s.weight, s.optimizer_state))
-        else:
-            assert isinstance(module, EmbeddingBagCollection)
-            weights = module.embedding_bag_weights()
-            states = module.optimizer_state()
-            for name, weight in weights.items():
-                out.append((module, name, 0, 0, weight, dict(states.get(name, {}))))
-    return out
-
-
-def table_shards(model: nn.Module, rank: int = 0) -> list[ckpt.TableShard]:
-    """This rank's blocks of every table, with optimizer state, for a checkpoint.
-
-    Data-parallel tables are replicated on every rank: only rank 0 saves them, so a
-    checkpoint holds each block of each table once.
-
-    Args:
-        model: an unsharded model or one wrapped by DistributedModelParallel.
-        rank: this process's rank in the group that writes the checkpoint.
-    """
-    return [ckpt.TableShard(table, r, c, weight, state)
-            for _, table, r, c, weight, state in _blocks(model, with_replicas=rank == 0)]
-
-
 def table_info(model: nn.Module, config: PipelineConfig) -> dict[str, dict[str, Any]]:
     """Per table: rows, dim and the embedding optimizer (the checkpoint's table entries)."""
     info = {}
@@ -256,21 +219,6 @@ def table_info(model: nn.Module, config: PipelineConfig) -> dict[str, dict[str, 
     return info
 
 
-@torch.no_grad()
 def load_tables(model: nn.Module, path: str | Path, with_optimizer: bool = True) -> None:
     """Fill the model's table blocks (and optimizer state) from a checkpoint of any layout."""
-    blocks = _blocks(model)
-    wanted = [(table, r, c, int(w.shape[0]), int(w.shape[1]))
-              for _, table, r, c, w, _ in blocks]
-    loaded = ckpt.load_table_shards(path, wanted, with_optimizer=with_optimizer)
-    for (_, table, _, _, weight, state), shard in zip(blocks, loaded, strict=True):
-        weight.copy_(shard.weight.to(weight.dtype))
-        if not with_optimizer:
-            continue
-        if set(state) != set(shard.optimizer_state):
-            raise CheckpointError(
-                f"table {table!r}: the checkpoint's optimizer state "
-                f"{sorted(shard.optimizer_state)} does not match the model's {sorted(state)}",
-                where=str(path), hint="resume with the same embedding_optimizer.kind")
-        for name, target in state.items():
-            target.copy_(shard.optimizer_state[name].reshape(target.shape).to(target.dtype))
+    dist_ckpt.load_sharded(path, model, with_optimizer=with_optimizer)

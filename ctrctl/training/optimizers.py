@@ -15,8 +15,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ctrctl.config import DenseOptimizerConfig
-from ctrctl.config import EmbeddingOptimizerConfig as EmbeddingOptimizerSection
+from ctrctl.config import DenseOptimizerConfig, EmbeddingOptimizerSection
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 
 __all__ = ["EMBEDDING_KINDS", "dense_optimizer", "embedding_optimizer"]
@@ -30,7 +29,7 @@ EMBEDDING_KINDS = {
 
 
 def embedding_optimizer(section: EmbeddingOptimizerSection) -> EmbeddingOptimizerConfig:
-    """The fused optimizer for the embedding kernels.
+    """The kernels' fused optimizer settings from the pipeline YAML's section.
 
     A ``weight_decay`` is applied as an L2 term on the gradient (rowwise Adagrad only, as the
     kernels implement it).

@@ -23,11 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from ctrctl.config import load_config
+    from ctrctl.distributed.launch import init_process_group
     from ctrctl.distributed.types import ShardingPlan
     from ctrctl.errors import CtrctlError
     from ctrctl.progress import LogProgress
     from ctrctl.tracking import Tracker, make_tracker
-    from ctrctl.training.launch import TrainSpec, init_distributed
+    from ctrctl.training.launch import TrainSpec
     from ctrctl.training.loop import train
 
     spec = TrainSpec.from_json(args.spec)
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("ctrctl").setLevel(logging.INFO if rank == 0 else logging.WARNING)
     try:
         config = load_config(spec.config, spec.overrides)
-        init_distributed(config.training.device)
+        init_process_group(config.training.device)
         plan = ShardingPlan.load(spec.plan) if spec.plan else None
         tracker = (make_tracker(spec.track, spec.tracking_uri, spec.experiment)
                    if rank == 0 else Tracker())

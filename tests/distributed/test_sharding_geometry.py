@@ -7,13 +7,14 @@ import torch
 
 from ctrctl.distributed.default_plan import column_blocks, default_plan, forced_plan
 from ctrctl.distributed.sharding import common
-from ctrctl.distributed.sharding.common import GroupLayout, TableSpec, bucketize_by_rows
+from ctrctl.distributed.sharding.common import GroupLayout, bucketize_by_rows
 from ctrctl.distributed.types import row_blocks
 from ctrctl.errors import PlanError
+from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.sparse.ops import use_fbgemm_ops
 
-TABLES = [TableSpec("a", 10, 8, ("fa",)), TableSpec("b", 7, 16, ("fb", "fc")),
-          TableSpec("c", 2, 4, ("fd",))]
+TABLES = [EmbeddingBagConfig("a", 10, 8, ("fa",)), EmbeddingBagConfig("b", 7, 16, ("fb", "fc")),
+          EmbeddingBagConfig("c", 2, 4, ("fd",))]
 
 
 def naive_bucketize(lengths, values, weights, blocks):

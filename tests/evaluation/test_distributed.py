@@ -15,7 +15,7 @@ from sklearn.metrics import roc_auc_score
 
 from ctrctl.distributed.processes import run_multiprocess
 from ctrctl.evaluation.segments import SegmentAccumulator
-from ctrctl.evaluation.streaming import MetricAccumulator
+from ctrctl.metrics.streaming import CTRMetrics
 
 ROWS = 90_000
 
@@ -32,8 +32,8 @@ def rows(seed: int = 7) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def evaluate_rows(labels: np.ndarray, scores: np.ndarray, device: np.ndarray,
                   batch: int = 7_000, sync: bool = False) -> dict[str, Any]:
-    exact = MetricAccumulator()
-    binned = MetricAccumulator(exact_limit=0)
+    exact = CTRMetrics()
+    binned = CTRMetrics(exact_limit=0)
     segments = SegmentAccumulator("device", num_bins=256, exact_limit=0)
     for start in range(0, labels.size, batch):
         part = slice(start, start + batch)
@@ -41,8 +41,6 @@ def evaluate_rows(labels: np.ndarray, scores: np.ndarray, device: np.ndarray,
         binned.update(labels[part], scores[part])
         segments.update(device[part], labels[part], scores[part])
     if sync:
-        exact.sync()
-        binned.sync()
         segments.sync()
     out: dict[str, Any] = {}
     for name, acc in (("exact", exact), ("binned", binned)):

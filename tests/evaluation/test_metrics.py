@@ -8,15 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import average_precision_score, log_loss, roc_auc_score
 
-from ctrctl.evaluation.calibration import expected_calibration_error, reliability_table
-from ctrctl.evaluation.metrics import (
+from ctrctl.metrics.calibration import expected_calibration_error, reliability_table
+from ctrctl.metrics.functional import (
     MetricError,
     average_precision,
     calibration_ratio,
     normalized_entropy,
     roc_auc,
 )
-from ctrctl.evaluation.metrics import log_loss as our_log_loss
+from ctrctl.metrics.functional import log_loss as our_log_loss
 
 TOL = 1e-6
 

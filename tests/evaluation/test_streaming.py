@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score, log_loss, roc_auc_score
 
-from ctrctl.evaluation.streaming import MetricAccumulator, ScoreHistogram
+from ctrctl.metrics.streaming import CTRMetrics, ScoreHistogram
 
 
 def synthetic(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -18,8 +18,8 @@ def synthetic(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return labels, scores
 
 
-def feed(acc: MetricAccumulator, labels: np.ndarray, scores: np.ndarray,
-         weights: np.ndarray | None = None, batch: int = 65_536) -> MetricAccumulator:
+def feed(acc: CTRMetrics, labels: np.ndarray, scores: np.ndarray,
+         weights: np.ndarray | None = None, batch: int = 65_536) -> CTRMetrics:
     for start in range(0, labels.size, batch):
         stop = start + batch
         acc.update(labels[start:stop], scores[start:stop],
@@ -29,8 +29,8 @@ def feed(acc: MetricAccumulator, labels: np.ndarray, scores: np.ndarray,
 
 def test_binned_matches_exact_within_its_bound_on_1m() -> None:
     labels, scores = synthetic(1_000_000)
-    exact = feed(MetricAccumulator(), labels, scores).compute()
-    binned = feed(MetricAccumulator(exact_limit=0), labels, scores).compute()
+    exact = feed(CTRMetrics(), labels, scores).compute()
+    binned = feed(CTRMetrics(exact_limit=0), labels, scores).compute()
     assert exact.auc_mode == "exact" and exact.auc_bound == 0.0
     assert binned.auc_mode == "binned"
     reference = roc_auc_score(labels, scores.astype(np.float64))
@@ -50,7 +50,7 @@ def test_binned_matches_exact_within_its_bound_on_1m() -> None:
 def test_bound_holds_when_bins_are_coarse(num_bins: int) -> None:
     labels, scores = synthetic(200_000, seed=1)
     reference = roc_auc_score(labels, scores.astype(np.float64))
-    m = feed(MetricAccumulator(num_bins=num_bins, exact_limit=0), labels, scores).compute()
+    m = feed(CTRMetrics(num_bins=num_bins, exact_limit=0), labels, scores).compute()
     error = abs(m.auc - reference)
     assert error <= m.auc_bound
     if num_bins == 64:
@@ -62,7 +62,7 @@ def test_ties_in_one_bin_are_exact() -> None:
     rng = np.random.default_rng(2)
     scores = rng.choice([0.01, 0.02, 0.05, 0.2, 0.6], size=50_000)
     labels = (rng.random(scores.size) < scores).astype(np.int8)
-    m = feed(MetricAccumulator(exact_limit=0), labels, scores).compute()
+    m = feed(CTRMetrics(exact_limit=0), labels, scores).compute()
     assert m.auc == pytest.approx(roc_auc_score(labels, scores), abs=1e-6)
     assert m.pr_auc == pytest.approx(average_precision_score(labels, scores), abs=1e-6)
 
@@ -72,7 +72,7 @@ def test_weighted_streaming_matches_sklearn() -> None:
     weights = np.random.default_rng(4).exponential(size=labels.size)
     s64 = scores.astype(np.float64)
     for limit in (10**7, 0):
-        m = feed(MetricAccumulator(exact_limit=limit), labels, scores, weights).compute()
+        m = feed(CTRMetrics(exact_limit=limit), labels, scores, weights).compute()
         reference = roc_auc_score(labels, s64, sample_weight=weights)
         assert abs(m.auc - reference) <= max(m.auc_bound, 1e-6)
         assert m.logloss == pytest.approx(log_loss(labels, s64, sample_weight=weights), abs=1e-6)
@@ -80,14 +80,14 @@ def test_weighted_streaming_matches_sklearn() -> None:
 
 def test_switches_to_binned_past_the_limit_and_reports_it() -> None:
     labels, scores = synthetic(30_000, seed=5)
-    acc = feed(MetricAccumulator(exact_limit=20_000), labels, scores, batch=5_000)
+    acc = feed(CTRMetrics(exact_limit=20_000), labels, scores, batch=5_000)
     assert not acc.holds_rows
     m = acc.compute()
     assert m.auc_mode == "binned" and m.rows == 30_000
 
 
 def test_one_class_gives_none_with_a_reason_not_nan() -> None:
-    m = feed(MetricAccumulator(), np.zeros(100, np.int8), np.full(100, 0.1)).compute()
+    m = feed(CTRMetrics(), np.zeros(100, np.int8), np.full(100, 0.1)).compute()
     assert m.auc is None and m.ne is None and m.calibration is None
     assert "every row is negative" in m.undefined["auc"]
     assert m.logloss == pytest.approx(-np.log(0.9))

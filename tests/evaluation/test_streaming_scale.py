@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from ctrctl.evaluation.streaming import MetricAccumulator, Metrics
 from ctrctl.evaluation.synthetic import synthetic_arrays, synthetic_predictions
+from ctrctl.metrics.streaming import CTRMetrics, Metrics
 
 
 def stream(rows: int) -> tuple[Metrics, float]:
     """Binned metrics of ``rows`` synthetic predictions, and the peak traced MiB meanwhile."""
     tracemalloc.start()
     try:
-        acc = MetricAccumulator(exact_limit=0)
+        acc = CTRMetrics(exact_limit=0)
         for labels, scores in synthetic_predictions(rows, chunk_rows=1 << 18):
             acc.update(labels, scores)
         metrics = acc.compute()

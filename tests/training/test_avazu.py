@@ -17,7 +17,7 @@ import torch
 from ctrctl.config import load_config
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.data.preprocess import preprocess
-from ctrctl.metrics import roc_auc
+from ctrctl.metrics.functional import roc_auc
 from ctrctl.training.loop import train
 from ctrctl.training.predict import predict_split
 

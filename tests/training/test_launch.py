@@ -6,13 +6,14 @@ import sys
 
 import pytest
 
+from ctrctl.distributed.launch import torchrun_command
 from ctrctl.errors import ConfigError
-from ctrctl.training.launch import TrainSpec, torchrun_command
+from ctrctl.training.launch import TrainSpec, worker_program
 
 
 def test_single_node_is_standalone() -> None:
     spec = TrainSpec(dataset="d", out="o", overrides=("training.epochs=2",))
-    cmd = torchrun_command(spec, nproc_per_node=2)
+    cmd = torchrun_command(worker_program(spec), nproc_per_node=2)
     assert cmd[:4] == [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"]
     assert "--standalone" in cmd
     assert cmd[-4:-1] == ["-m", "ctrctl.training.worker", "--spec"]
@@ -20,7 +21,7 @@ def test_single_node_is_standalone() -> None:
 
 
 def test_several_nodes_meet_at_the_endpoint() -> None:
-    cmd = torchrun_command(TrainSpec(dataset="d", out="o"), 4, nnodes=2, node_rank=1,
+    cmd = torchrun_command(worker_program(TrainSpec(dataset="d", out="o")), 4, nnodes=2, node_rank=1,
                            rdzv_endpoint="10.0.0.1:29400", rdzv_id="job7")
     assert "--standalone" not in cmd
     for flag in ("--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d",
@@ -36,4 +37,4 @@ def test_several_nodes_meet_at_the_endpoint() -> None:
 def test_bad_launch_settings(kwargs: dict, match: str) -> None:  # type: ignore[type-arg]
     args = {"nproc_per_node": 2, **kwargs}
     with pytest.raises(ConfigError, match=match):
-        torchrun_command(TrainSpec(dataset="d", out="o"), **args)
+        torchrun_command(worker_program(TrainSpec(dataset="d", out="o")), **args)

@@ -11,7 +11,7 @@ import torch
 from ctrctl import checkpoint as ckpt
 from ctrctl.config import load_config
 from ctrctl.errors import OutputExistsError
-from ctrctl.metrics import roc_auc
+from ctrctl.metrics.functional import roc_auc
 from ctrctl.testing.datasets import SyntheticDataset, make_dataset
 from ctrctl.training.loop import train
 from ctrctl.training.predict import load_model, predict_split

@@ -12,7 +12,7 @@ from ctrctl.config import load_config
 from ctrctl.data.preprocess import preprocess
 from ctrctl.data.synthetic import synthesize
 from ctrctl.data.synthetic_specs import format_spec
-from ctrctl.metrics import roc_auc
+from ctrctl.metrics.functional import roc_auc
 from ctrctl.training.loop import train
 from ctrctl.training.predict import predict_split
 

@@ -22,7 +22,7 @@ import pytest
 from ctrctl import checkpoint as ckpt
 from ctrctl.config import load_config
 from ctrctl.data.preprocess import preprocess
-from ctrctl.metrics import roc_auc
+from ctrctl.metrics.functional import roc_auc
 from ctrctl.training.loop import train
 from ctrctl.training.predict import predict_split
 

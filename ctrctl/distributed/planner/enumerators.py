@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ctrctl.distributed.planner.estimators import price_kernels
+from ctrctl.distributed.planner.estimators import EmbeddingPerfEstimator
 from ctrctl.distributed.planner.topology import Topology
-from ctrctl.distributed.planner.types import Enumerator, ShardingOption, TableSpec
+from ctrctl.distributed.planner.types import Enumerator, Estimator, ShardingOption, TableSpec
 from ctrctl.distributed.types import row_blocks
 from ctrctl.names import ComputeKernel, ShardingType
 
@@ -61,13 +61,16 @@ class EmbeddingEnumerator(Enumerator):
         batch_size: samples per rank per step.
         sharding_types: types allowed for every table (None: all); a table's own constraints
             narrow this further.
+        estimator: prices the options (default: :class:`EmbeddingPerfEstimator`).
     """
 
     def __init__(self, topology: Topology, batch_size: int,
-                 sharding_types: tuple[str, ...] | None = None):
+                 sharding_types: tuple[str, ...] | None = None,
+                 estimator: Estimator | None = None):
         self.topology = topology
         self.batch_size = batch_size
         self.sharding_types = sharding_types
+        self.estimator = estimator or EmbeddingPerfEstimator(topology, batch_size)
         self._all_ranks = np.arange(topology.world_size)
         self._all_ranks.setflags(write=False)
 
@@ -148,7 +151,7 @@ class EmbeddingEnumerator(Enumerator):
                     table=table, sharding_type=kind, compute_kernel=kernel, rows=rows,
                     cols=cols, row_offsets=roff, col_offsets=coff, fixed_ranks=fixed,
                     host_local=host_local, cache_load_factor=clf))
-            options.extend(price_kernels(same_shape, topo, self.batch_size))
+            options.extend(self.estimator.estimate(same_shape))
         return self._replicate_data_parallel(options, forced_single)
 
     def _replicate_data_parallel(self, options: list[ShardingOption], forced: bool

@@ -48,7 +48,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ctrctl.distributed.planner.topology import Topology
-from ctrctl.distributed.planner.types import INDEX_BYTES, OPTIMIZER_STATE, ShardingOption
+from ctrctl.distributed.planner.types import (
+    INDEX_BYTES,
+    OPTIMIZER_STATE,
+    Estimator,
+    ShardingOption,
+)
 from ctrctl.names import ComputeKernel, ShardingType
 
 #: Batches whose input/output buffers are alive at once in the train pipeline.
@@ -289,6 +294,22 @@ def price_kernels(options: list[ShardingOption], topology: Topology, batch_size:
             # Slower kernels matter only when the faster one does not fit: price on demand.
             option.pending = lambda o, terms=terms: _apply_kernel(o, terms, topology)
     return options
+
+
+class EmbeddingPerfEstimator(Estimator):
+    """The cost model of this module (TorchRec's constants, or a calibrated topology's).
+
+    Args:
+        topology: the ranks, their bandwidths and measured figures.
+        batch_size: samples per rank per step.
+    """
+
+    def __init__(self, topology: Topology, batch_size: int):
+        self.topology = topology
+        self.batch_size = batch_size
+
+    def estimate(self, options: list[ShardingOption]) -> list[ShardingOption]:
+        return price_kernels(options, self.topology, self.batch_size)
 
 
 def step_overhead(tables_by_type: Mapping[str, int] | Iterable[str],

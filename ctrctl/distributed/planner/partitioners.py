@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ctrctl.distributed.planner.topology import Topology
-from ctrctl.distributed.planner.types import Partitioner, Placement, ShardingOption
+from ctrctl.distributed.planner.types import Placement, ShardingOption
 
 
 class RankState:
@@ -147,25 +147,3 @@ def best_placement(state: RankState, option: ShardingOption) -> Placement | None
         if chosen is not None:
             return Placement(option, chosen)
     return None
-
-
-class GreedyPartitioner(Partitioner):
-    """Places options in the given order, each where it keeps the touched ranks lowest.
-
-    Args:
-        topology: the ranks.
-    """
-
-    def __init__(self, topology: Topology):
-        self.topology = topology
-
-    def partition(self, choices: list[ShardingOption]) -> list[Placement] | None:
-        state = RankState(self.topology)
-        placements = []
-        for option in choices:
-            placement = best_placement(state, option)
-            if placement is None:
-                return None
-            state.add(placement)
-            placements.append(placement)
-        return placements

@@ -18,12 +18,18 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ctrctl.distributed.planner.enumerators import EmbeddingEnumerator
-from ctrctl.distributed.planner.estimators import price, slowest_rank_time, step_overhead
+from ctrctl.distributed.planner.estimators import (
+    EmbeddingPerfEstimator,
+    price,
+    slowest_rank_time,
+    step_overhead,
+)
 from ctrctl.distributed.planner.partitioners import RankState
 from ctrctl.distributed.planner.proposers import (
     Failure,
@@ -32,7 +38,14 @@ from ctrctl.distributed.planner.proposers import (
     improve,
 )
 from ctrctl.distributed.planner.topology import GIB, Topology
-from ctrctl.distributed.planner.types import Placement, ShardingOption, TableSpec
+from ctrctl.distributed.planner.types import (
+    Enumerator,
+    Estimator,
+    Placement,
+    Proposer,
+    ShardingOption,
+    TableSpec,
+)
 from ctrctl.distributed.types import ParameterSharding, ShardingPlan, ShardMetadata
 from ctrctl.errors import PlanError
 from ctrctl.names import ComputeKernel
@@ -165,30 +178,53 @@ def build_result(placements: list[Placement], topology: Topology, batch_size: in
 class EmbeddingShardingPlanner:
     """Plans tables onto a topology from the cost model.
 
+    The roles are arguments, as in TorchRec's planner, each with today's default: the
+    enumerator lists every allowed option of a table and has the estimator price them, each
+    proposer chooses an option and ranks for every table (see
+    :class:`~ctrctl.distributed.planner.types.Proposer`), the local search improves each
+    proposal, and the plan whose slowest rank is fastest wins.
+
     Args:
         topology: the ranks, their memory and bandwidths.
         batch_size: samples per rank per step.
         sharding_types: types allowed for every table (None: all); per-table constraints
             live on each :class:`TableSpec`.
-        local_search: run the local search after the greedy pass (on by default).
+        local_search: run the local search after each proposal (on by default).
+        enumerator: lists and prices options (default: :class:`EmbeddingEnumerator` over
+            ``estimator``).
+        estimator: prices options for the default enumerator (default:
+            :class:`EmbeddingPerfEstimator`, the calibrated or TorchRec cost model).
+        proposers: searches to run (default: greedy by cost, greedy by memory, and TorchRec's
+            fastest-option proposal).
 
     Example:
         >>> planner = EmbeddingShardingPlanner(Topology.preset("cpu", 2), batch_size=4096)
         >>> result = planner.plan([TableSpec("C1", 100_000, 64)])
+        >>> EmbeddingShardingPlanner(topology, proposers=[MyProposer()]).plan(tables)
     """
 
     def __init__(self, topology: Topology, batch_size: int = 512,
-                 sharding_types: tuple[str, ...] | None = None, local_search: bool = True):
+                 sharding_types: tuple[str, ...] | None = None, local_search: bool = True,
+                 enumerator: Enumerator | None = None, estimator: Estimator | None = None,
+                 proposers: Sequence[Proposer] | None = None):
         if batch_size <= 0:
             raise PlanError(f"batch size {batch_size} must be positive")
         self.topology = topology
         self.batch_size = batch_size
         self.sharding_types = sharding_types
         self.local_search = local_search
+        self.estimator = estimator or EmbeddingPerfEstimator(topology, batch_size)
+        self.enumerator = enumerator or EmbeddingEnumerator(topology, batch_size, sharding_types,
+                                                            self.estimator)
+        self.proposers: list[Proposer] = list(proposers) if proposers is not None else [
+            GreedyProposer(topology, order="cost"),
+            GreedyProposer(topology, order="memory"),
+            FastestOptionProposer(topology)]
+        if not self.proposers:
+            raise PlanError("the planner needs at least one proposer")
 
     def enumerate(self, tables: list[TableSpec]) -> list[list[ShardingOption]]:
-        enumerator = EmbeddingEnumerator(self.topology, self.batch_size, self.sharding_types)
-        return [enumerator.enumerate(t) for t in tables]
+        return [self.enumerator.enumerate(t) for t in tables]
 
     def plan(self, tables: list[TableSpec]) -> PlanResult:
         """The best plan found for ``tables``.
@@ -213,14 +249,10 @@ class EmbeddingShardingPlanner:
         best: list[Placement] | None = None
         best_score = math.inf
         failure: Failure | None = None
-        proposers: list[GreedyProposer | FastestOptionProposer] = [
-            GreedyProposer(self.topology, order="cost"),
-            GreedyProposer(self.topology, order="memory"),
-            FastestOptionProposer(self.topology)]
-        for proposer in proposers:
+        for proposer in self.proposers:
             placements = proposer.propose(options)
             if placements is None:
-                failure = failure or proposer.failure
+                failure = failure or getattr(proposer, "failure", None)
                 continue
             if self.local_search:
                 placements = improve(placements, options, self.topology)
@@ -229,7 +261,9 @@ class EmbeddingShardingPlanner:
             if score < best_score:
                 best, best_score = placements, score
         if best is None:
-            assert failure is not None
+            if failure is None:
+                raise PlanError("no proposer found a plan",
+                                hint="the proposers given returned no placement")
             raise no_fit_error(tables, options, self.topology, failure)
         seconds = time.perf_counter() - start
         logger.info("planned %d tables on %d ranks in %.2f s: estimated %.3g s per step",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -235,16 +236,31 @@ class Enumerator(abc.ABC):
         """Every allowed option for ``table``, priced; possibly empty."""
 
 
-class Partitioner(abc.ABC):
-    """Puts chosen options on ranks within their memory."""
+class Estimator(abc.ABC):
+    """Prices options: storage (``hbm``, ``ddr``) and seconds per step per shard.
+
+    Its options share one geometry (sharding type and blocks) and differ only in kernel, so
+    an estimator may price the shared part once.
+    """
 
     @abc.abstractmethod
-    def partition(self, choices: list[ShardingOption]) -> list[Placement] | None:
-        """Placements for ``choices`` in order, or None when they do not fit."""
+    def estimate(self, options: list[ShardingOption]) -> list[ShardingOption]:
+        """The options, priced (in place; an option may defer its pricing, see
+        :meth:`ShardingOption.ensure_priced`)."""
 
 
 class Proposer(abc.ABC):
-    """Searches the options of every table for the plan with the fastest slowest rank."""
+    """Searches the options of every table for the plan with the fastest slowest rank.
+
+    A proposer chooses each table's option and its ranks together (the bound it minimises
+    depends on where a shard goes), so there is no separate partitioner role.
+
+    Attributes:
+        failure: after a ``None`` proposal, why placement stopped (for the error message), or
+            None.
+    """
+
+    failure: Any = None
 
     @abc.abstractmethod
     def propose(self, options: list[list[ShardingOption]]) -> list[Placement] | None:

@@ -1,15 +1,23 @@
 """The interface every sharding type implements.
 
-A sharding type is a factory of three parts, as in TorchRec: ``input_dist`` (move the ids to
-the ranks that hold their rows), ``lookup`` (pool the shards held here with one
-:class:`~ctrctl.modules.batched_embedding.BatchedEmbeddingBag`, the optimizer fused into
-backward) and ``output_dist`` (move pooled embeddings back to the samples' ranks).
-:class:`EmbeddingSharding` runs them in order for the tables of one sharding type, and exposes
-the shards it holds for checkpoints (:meth:`EmbeddingSharding.local_shards`).
+A sharding type is three stages, as in TorchRec, each an abstract method here that every type
+implements:
+
+1. :meth:`EmbeddingSharding.input_dist`: move the ids to the ranks that hold their rows;
+2. :meth:`EmbeddingSharding.lookup`: pool the shards held here (one
+   :class:`~ctrctl.modules.batched_embedding.BatchedEmbeddingBag` per run of tables, the
+   optimizer fused into backward);
+3. :meth:`EmbeddingSharding.output_dist`: move the pooled embeddings back to the samples'
+   ranks and put them in feature order.
+
+:meth:`EmbeddingSharding.forward` composes them (a train pipeline can call them as separate
+stages), and :meth:`EmbeddingSharding.local_shards` exposes the shards held for checkpoints.
 
 Example:
     >>> sharding = TwSharding(tables, shardings, optimizer, group=None)
     >>> pooled = sharding(lengths, values, weights)       # (B_local, sum of feature dims)
+    >>> received = sharding.input_dist(lengths, values, weights)     # the same, by stage
+    >>> pooled = sharding.output_dist(sharding.lookup(received), received, lengths)
 """
 
 from __future__ import annotations
@@ -17,15 +25,18 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
 
-from ctrctl.distributed.sharding.common import TableSpec
 from ctrctl.distributed.types import ParameterSharding, ShardMetadata
 from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
+from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
+
+#: What a type's input dist hands its lookup (the ids this rank pools, and their sources).
+DistInput = TypeVar("DistInput")
 
 
 @dataclass
@@ -47,7 +58,7 @@ class LocalShard:
     replicated: bool = False
 
 
-class EmbeddingSharding(nn.Module, abc.ABC):
+class EmbeddingSharding(nn.Module, abc.ABC, Generic[DistInput]):
     """The tables of one sharding type in a sharded EmbeddingBagCollection.
 
     Args:
@@ -63,7 +74,7 @@ class EmbeddingSharding(nn.Module, abc.ABC):
 
     sharding_type: str = ""
 
-    def __init__(self, tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding],
+    def __init__(self, tables: Sequence[EmbeddingBagConfig], shardings: Sequence[ParameterSharding],
                  optimizer: EmbeddingOptimizerConfig, group: Any | None = None,
                  grad_scale: float = 1.0, backend: str = "auto") -> None:
         super().__init__()
@@ -83,10 +94,29 @@ class EmbeddingSharding(nn.Module, abc.ABC):
         return [t.embedding_dim for t in self.tables for _ in t.feature_names]
 
     @abc.abstractmethod
+    def input_dist(self, lengths: torch.Tensor, values: torch.Tensor,
+                   weights: torch.Tensor | None) -> DistInput:
+        """Stage 1: this rank's (F, B_local) lengths and feature-major ids (and weights) of
+        this group's features -> what this rank must pool, from every source rank."""
+
+    @abc.abstractmethod
+    def lookup(self, dist_input: DistInput) -> torch.Tensor:
+        """Stage 2: pool the shards held here for the ids received -> (rows, width) partial
+        or whole pooled embeddings (the fused optimizer updates them in backward)."""
+
+    @abc.abstractmethod
+    def output_dist(self, pooled: torch.Tensor, dist_input: DistInput,
+                    lengths: torch.Tensor) -> torch.Tensor:
+        """Stage 3: pooled embeddings back to their samples' ranks -> (B_local, sum of
+        feature dims) in feature order. ``lengths`` are this rank's input lengths (F, B_local)
+        (mean pooling of tables cut by rows divides by the whole bag's length here)."""
+
     def forward(self, lengths: torch.Tensor, values: torch.Tensor,
                 weights: torch.Tensor | None) -> torch.Tensor:
         """(F, B_local) lengths and feature-major ids of this group's features ->
-        (B_local, sum of feature dims)."""
+        (B_local, sum of feature dims): the three stages in order."""
+        dist_input = self.input_dist(lengths, values, weights)
+        return self.output_dist(self.lookup(dist_input), dist_input, lengths)
 
     @abc.abstractmethod
     def local_shards(self) -> list[LocalShard]:

@@ -40,9 +40,6 @@ from ctrctl.errors import PlanError
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.sparse.ops import complete_cumsum, permute_2d_sparse, segment_ranges, use_fbgemm_ops
 
-#: What sharding needs of a table: its name, size, features and pooling.
-TableSpec = EmbeddingBagConfig
-
 
 @dataclass(frozen=True)
 class Slot:
@@ -76,7 +73,7 @@ class GroupLayout:
         slots_per_rank: for each rank, its slots in lookup order.
     """
 
-    tables: list[TableSpec]
+    tables: list[EmbeddingBagConfig]
     features: list[tuple[str, int]]
     feature_dims: list[int]
     row_blocks: list[list[tuple[int, int]]]
@@ -86,7 +83,7 @@ class GroupLayout:
 
     @staticmethod
     def build(
-        tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding], world_size: int
+        tables: Sequence[EmbeddingBagConfig], shardings: Sequence[ParameterSharding], world_size: int
     ) -> GroupLayout:
         """Lay out ``tables`` (sharded as ``shardings``, same order) over ``world_size`` ranks."""
         features: list[tuple[str, int]] = []
@@ -238,7 +235,7 @@ def route(
         weights: optional per-id weights.
     """
     if not any(layout.row_split(t) for t in range(len(layout.tables))):
-        return _route_whole_features(layout, lengths, values, weights)
+        return route_whole_features(layout, lengths, values, weights)
     sizes = _uniform_row_wise_blocks(layout)
     if sizes is not None and use_fbgemm_ops() and values.device.type == "cpu":
         return _route_row_wise(layout, sizes, lengths, values, weights)
@@ -330,7 +327,7 @@ def _route_row_wise(
                        list(new_weights.split(counts)) if new_weights is not None else None)
 
 
-def _route_whole_features(
+def route_whole_features(
     layout: GroupLayout,
     lengths: torch.Tensor,
     values: torch.Tensor,

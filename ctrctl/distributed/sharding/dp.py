@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,18 +24,27 @@ from torch import nn
 
 from ctrctl.distributed import comm
 from ctrctl.distributed.sharding.base import EmbeddingSharding, LocalShard
-from ctrctl.distributed.sharding.common import TableSpec
 from ctrctl.distributed.types import ParameterSharding, ShardMetadata
+from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.names import ShardingType
 
 
-class DpSharding(EmbeddingSharding):
+@dataclass
+class LocalBags:
+    """A data-parallel input dist's output: this rank's own bags, unmoved."""
+
+    lengths: torch.Tensor
+    values: torch.Tensor
+    weights: torch.Tensor | None
+
+
+class DpSharding(EmbeddingSharding[LocalBags]):
     """Replicated dense tables (see the module docstring)."""
 
     sharding_type = ShardingType.DATA_PARALLEL.value
 
-    def __init__(self, tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding],
+    def __init__(self, tables: Sequence[EmbeddingBagConfig], shardings: Sequence[ParameterSharding],
                  optimizer: EmbeddingOptimizerConfig, group: Any | None = None,
                  grad_scale: float = 1.0, backend: str = "auto") -> None:
         super().__init__(tables, shardings, optimizer, group, grad_scale, backend)
@@ -45,8 +55,13 @@ class DpSharding(EmbeddingSharding):
             for t in self.tables)
         self.table_of_feature = [i for i, t in enumerate(self.tables) for _ in t.feature_names]
 
-    def forward(self, lengths: torch.Tensor, values: torch.Tensor,
-                weights: torch.Tensor | None) -> torch.Tensor:
+    # ---- the three stages: no communication, every rank pools its own samples -----------
+    def input_dist(self, lengths: torch.Tensor, values: torch.Tensor,
+                   weights: torch.Tensor | None) -> LocalBags:
+        return LocalBags(lengths, values, weights)
+
+    def lookup(self, dist_input: LocalBags) -> torch.Tensor:
+        lengths, values, weights = dist_input.lengths, dist_input.values, dist_input.weights
         per_feature = lengths.sum(dim=1).tolist()
         values_f = values.split(per_feature)
         weights_f = weights.split(per_feature) if weights is not None else None
@@ -60,6 +75,10 @@ class DpSharding(EmbeddingSharding):
                 per_sample_weights=weights_f[f] if weights_f is not None else None,
                 include_last_offset=False))                                    # (B, dim)
         return torch.cat(out, dim=1)                                           # (B, D)
+
+    def output_dist(self, pooled: torch.Tensor, dist_input: LocalBags,
+                    lengths: torch.Tensor) -> torch.Tensor:
+        return pooled  # already this rank's samples, in feature order
 
     def all_reduce_gradients(self) -> None:
         """Average the tables' gradients over ranks (what DDP does for them inside DMP)."""

@@ -27,14 +27,15 @@ import torch.distributed as dist
 
 from ctrctl.distributed import comm
 from ctrctl.distributed.sharding.base import EmbeddingSharding, LocalShard
-from ctrctl.distributed.sharding.common import GroupLayout, TableSpec, route, to_slot_major
+from ctrctl.distributed.sharding.common import GroupLayout, route, to_slot_major
 from ctrctl.distributed.types import ParameterSharding
 from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
+from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.sparse.ops import complete_cumsum
 
 
-class RoutedSharding(EmbeddingSharding):
+class RoutedSharding(EmbeddingSharding[comm.JaggedExchange]):
     """Tables cut into blocks held by single ranks (every type but data-parallel).
 
     Subclasses set ``sharding_type`` and ``reduce_scatter`` (True: row-wise partial sums come
@@ -45,7 +46,7 @@ class RoutedSharding(EmbeddingSharding):
     all_columns: torch.Tensor
     my_columns: torch.Tensor
 
-    def __init__(self, tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding],
+    def __init__(self, tables: Sequence[EmbeddingBagConfig], shardings: Sequence[ParameterSharding],
                  optimizer: EmbeddingOptimizerConfig, group: Any | None = None,
                  grad_scale: float = 1.0, backend: str = "auto") -> None:
         super().__init__(tables, shardings, optimizer, group, grad_scale, backend)
@@ -116,7 +117,16 @@ class RoutedSharding(EmbeddingSharding):
                                  weights[v0:v1] if weights is not None else None))
         return pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=1)    # (Bg, W)
 
-    def output_dist(self, local: torch.Tensor, batch_per_rank: list[int]) -> torch.Tensor:
+    def output_dist(self, pooled: torch.Tensor, dist_input: comm.JaggedExchange,
+                    lengths: torch.Tensor) -> torch.Tensor:
+        out = self.return_pooled(pooled, dist_input.batch_per_source)
+        if self.mean_features:
+            out = self._divide_means(out, lengths)
+        return out
+
+    def return_pooled(self, local: torch.Tensor, batch_per_rank: list[int]) -> torch.Tensor:
+        """The collective of stage 3: (Bg, W) pooled here -> (B, D) on each sample's rank
+        (the pooled all-to-all, or the reduce-scatter of row-wise partial sums)."""
         batch = batch_per_rank[self.rank]
         if self.reduce_scatter:
             partial = _place_columns(local, self.my_columns, self.layout.output_dim)  # (Bg, D)
@@ -128,15 +138,6 @@ class RoutedSharding(EmbeddingSharding):
             return received.index_select(1, self.gather_columns)              # (B, D)
         out = received.new_zeros(batch, self.layout.output_dim)
         return out.index_add(1, self.all_columns, received)                   # (B, D)
-
-    def forward(self, lengths: torch.Tensor, values: torch.Tensor,
-                weights: torch.Tensor | None) -> torch.Tensor:
-        received = self.input_dist(lengths, values, weights)
-        local = self.lookup(received)
-        out = self.output_dist(local, received.batch_per_source)
-        if self.mean_features:
-            out = self._divide_means(out, lengths)
-        return out
 
     def _divide_means(self, out: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         # Row blocks pooled partial sums; the mean needs the whole bag's length, known here.

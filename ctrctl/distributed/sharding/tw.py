@@ -1,14 +1,21 @@
 """Table-wise sharding: each table lives whole on one rank.
 
-Input: every id of a feature goes to its table's rank. Lookup: that rank pools the table for
-the global batch. Output: the pooled all-to-all returns each source rank its rows.
+Input dist: every id of a feature goes, unchanged, to its table's rank (no bucketizing: a
+table is one block). Lookup: that rank pools the table for the global batch. Output dist: the
+pooled all-to-all returns each source rank its rows, placed in feature order.
 
 Example:
-    >>> TwSharding(tables, shardings, FusedOptimizerSpec())(lengths, values, None)
+    >>> TwSharding(tables, shardings, EmbeddingOptimizerConfig())(lengths, values, None)
+    >>> received = tw.input_dist(lengths, values, None)     # the stages one by one
+    >>> out = tw.output_dist(tw.lookup(received), received, lengths)
 """
 
 from __future__ import annotations
 
+import torch
+
+from ctrctl.distributed import comm
+from ctrctl.distributed.sharding.common import route_whole_features
 from ctrctl.distributed.sharding.routed import RoutedSharding
 from ctrctl.errors import PlanError
 from ctrctl.names import ShardingType
@@ -18,6 +25,13 @@ class TwSharding(RoutedSharding):
     """Tables placed whole, one rank each (see the module docstring)."""
 
     sharding_type = ShardingType.TABLE_WISE.value
+
+    def input_dist(self, lengths: torch.Tensor, values: torch.Tensor,
+                   weights: torch.Tensor | None) -> comm.JaggedExchange:
+        """Each feature's bags, whole, to its table's rank (one jagged all-to-all)."""
+        routed = route_whole_features(self.layout, lengths, values, weights)
+        return comm.jagged_all_to_all(routed.lengths, routed.values, routed.weights,
+                                      lengths.shape[1], self.group)
 
     def check_geometry(self) -> None:
         for table, ps in zip(self.tables, self.shardings, strict=True):

@@ -25,11 +25,11 @@ import torch
 import torch.distributed as dist
 
 from ctrctl.distributed import comm
-from ctrctl.distributed.sharding.common import TableSpec
 from ctrctl.distributed.sharding.routed import _place_columns
 from ctrctl.distributed.sharding.rw import RwSharding
 from ctrctl.distributed.types import ParameterSharding
 from ctrctl.errors import PlanError
+from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.names import ShardingType
 
@@ -42,7 +42,7 @@ class TwrwSharding(RwSharding):
     host_columns: torch.Tensor
     place_columns: torch.Tensor
 
-    def __init__(self, tables: Sequence[TableSpec], shardings: Sequence[ParameterSharding],
+    def __init__(self, tables: Sequence[EmbeddingBagConfig], shardings: Sequence[ParameterSharding],
                  optimizer: EmbeddingOptimizerConfig, group: Any | None = None,
                  grad_scale: float = 1.0, backend: str = "auto",
                  local_world_size: int | None = None) -> None:
@@ -95,7 +95,7 @@ class TwrwSharding(RwSharding):
                 if lr == self.local_rank:
                     self.cross_group = g
 
-    def output_dist(self, local: torch.Tensor, batch_per_rank: list[int]) -> torch.Tensor:
+    def return_pooled(self, local: torch.Tensor, batch_per_rank: list[int]) -> torch.Tensor:
         width = self.host_widths[self.host]
         # rows by source (h', l') -> by (l', h'): host rank l' gets a contiguous chunk
         sources = sorted(range(len(batch_per_rank)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 
 from ctrctl.distributed.planner import (
@@ -17,9 +18,10 @@ from ctrctl.distributed.planner import (
     sweep_world_sizes,
 )
 from ctrctl.distributed.planner.enumerators import EmbeddingEnumerator
-from ctrctl.distributed.planner.estimators import step_overhead
-from ctrctl.distributed.planner.partitioners import GreedyPartitioner
+from ctrctl.distributed.planner.estimators import EmbeddingPerfEstimator, step_overhead
+from ctrctl.distributed.planner.partitioners import RankState, best_placement
 from ctrctl.distributed.planner.suites import criteo_1tb, few_huge_many_small, skewed, uniform
+from ctrctl.distributed.planner.types import Placement, Proposer, ShardingOption
 from ctrctl.distributed.types import ShardingPlan
 from ctrctl.errors import PlanError
 from ctrctl.names import ShardingType
@@ -100,8 +102,12 @@ def _fastest_option_greedy(tables: list[TableSpec], topo: Topology, batch: int) 
     enum = EmbeddingEnumerator(topo, batch)
     choices = [min(enum.enumerate(t), key=lambda o: o.total_cost) for t in tables]
     choices.sort(key=lambda o: -o.total_cost)
-    placements = GreedyPartitioner(topo).partition(choices)
-    assert placements is not None
+    state, placements = RankState(topo), []
+    for option in choices:
+        placement = best_placement(state, option)
+        assert placement is not None
+        state.add(placement)
+        placements.append(placement)
     load = [0.0] * topo.world_size
     for p in placements:
         for r, c in zip(p.ranks.tolist(), p.option.cost.tolist(), strict=True):
@@ -168,3 +174,50 @@ def test_summary_names_the_drivers() -> None:
     top = summary["top_tables_slowest_rank"]
     assert top and top[0]["cost"] >= top[-1]["cost"]
     assert summary["estimated_step_seconds"] == pytest.approx(result.step_time)
+
+
+class _EverythingOnLastRank(Proposer):
+    """A custom search: every table whole (table-wise, fastest kernel) on the last rank."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.calls = 0
+
+    def propose(self, options: list[list[ShardingOption]]) -> list[Placement] | None:
+        self.calls += 1
+        chosen = [min((o for o in opts if o.sharding_type == "table_wise"),
+                      key=lambda o: o.ensure_priced().total_cost) for opts in options]
+        return [Placement(o, np.array([self.rank])) for o in chosen]
+
+
+def test_a_custom_proposer_is_used_and_its_plan_kept() -> None:
+    topo = Topology.preset("cpu", 4)
+    tables = [TableSpec(f"t{i}", 1_000 * (i + 1), 16) for i in range(5)]
+    proposer = _EverythingOnLastRank(3)
+    result = EmbeddingShardingPlanner(topo, batch_size=256, local_search=False,
+                                      proposers=[proposer]).plan(tables)
+    assert proposer.calls == 1
+    for name in (t.name for t in tables):
+        entry = result.plan.tables[name]
+        assert entry.sharding_type == "table_wise"
+        assert [s.rank for s in entry.shards] == [3]
+    assert result.rank_total[:3].sum() == 0 and result.rank_total[3] > 0
+    # the default proposers spread the same tables
+    default = EmbeddingShardingPlanner(topo, batch_size=256).plan(tables)
+    assert len({s.rank for e in default.plan.tables.values() for s in e.shards}) > 1
+
+
+def test_a_custom_estimator_prices_every_option() -> None:
+    topo = Topology.preset("cpu", 2)
+    priced: list[str] = []
+
+    class Counting(EmbeddingPerfEstimator):
+        def estimate(self, options: list[ShardingOption]) -> list[ShardingOption]:
+            priced.extend(o.sharding_type for o in options)
+            return super().estimate(options)
+
+    tables = [TableSpec("a", 5_000, 16), TableSpec("b", 50, 16)]
+    result = EmbeddingShardingPlanner(topo, batch_size=256,
+                                      estimator=Counting(topo, 256)).plan(tables)
+    assert set(result.plan.tables) == {"a", "b"}
+    assert "table_wise" in priced and "row_wise" in priced

@@ -24,14 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from ctrctl.evaluation.metrics import MetricError, SortedRows, sort_rows
+from ctrctl.metrics.functional import MetricError, SortedRows, sort_rows
 
 DEFAULT_BINS = 20
 
 
-@dataclass(frozen=True)
+@dataclass
 class ReliabilityBin:
-    """One equal-mass bin of the reliability diagram."""
+    """One equal-mass bin of the reliability diagram (not frozen: torchmetrics copies the
+    results of ``compute()`` field by field)."""
 
     weight: float
     positives: float
