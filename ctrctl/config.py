@@ -45,6 +45,7 @@ __all__ = [
     "apply_overrides",
     "auto_batch_size",
     "defaults_path",
+    "dump_config",
     "load_config",
     "parse_config",
     "resolve_sizes",
@@ -150,7 +151,7 @@ class EarlyStoppingConfig(_Section):
     enabled: bool = True
     metric: Literal["logloss", "auc"] = "logloss"
     mode: Literal["auto", "min", "max"] = "auto"
-    patience: int = Field(default=2, ge=1)
+    patience: int = Field(default=3, ge=1)
     min_delta: float = Field(default=0.0, ge=0)
     restore_best: bool = True
 
@@ -175,8 +176,9 @@ class TrainingConfig(_Section):
         epochs: the most passes over the training split (null: from the row count); early
             stopping may end the run sooner. Ignored when ``max_steps`` is set.
         max_steps: stop after this many steps, crossing epochs as needed.
-        val_every: validate every N steps (null: once an epoch, and at least four times a
-            run; 0: only at the end).
+        val_every: validate every N steps (null: four times an epoch but at most every 25
+            steps, so once an epoch for short ones, and at least four times a run; 0: only
+            at the end).
         checkpoint_every: write a checkpoint every N steps (0: only at the end).
         keep_checkpoints: periodic checkpoints kept (older ones are removed; 0: keep all).
         log_every: log metrics (MLflow, progress) every N steps.
@@ -221,7 +223,10 @@ AUTO_BATCH_MIN, AUTO_BATCH_MAX = 64, 4096
 #: the run sooner), at most AUTO_MAX_EPOCHS; a 10M-row split gets one epoch.
 AUTO_TARGET_STEPS = 2000
 AUTO_MAX_EPOCHS = 20
-#: Automatic validation: once an epoch, and at least this many times a run.
+#: Automatic validation: four times an epoch but no more often than every AUTO_VAL_STEPS
+#: steps (so once an epoch for short epochs), and at least AUTO_MIN_VALIDATIONS times a run.
+AUTO_VAL_PER_EPOCH = 4
+AUTO_VAL_STEPS = 25
 AUTO_MIN_VALIDATIONS = 4
 #: A run of fewer steps than this gets a warning: the model has barely moved.
 FEW_STEPS = 50
@@ -291,7 +296,8 @@ def resolve_sizes(training: TrainingConfig, rows: int, world_size: int = 1,
     total = training.max_steps or epochs * per_epoch
     val_every = training.val_every
     if val_every is None:
-        val_every = max(1, min(per_epoch, total // AUTO_MIN_VALIDATIONS))
+        often = max(AUTO_VAL_STEPS, per_epoch // AUTO_VAL_PER_EPOCH)
+        val_every = max(1, min(per_epoch, total // AUTO_MIN_VALIDATIONS, often))
         chosen.append("val_every")
     return ResolvedSizes(rows=rows, batch_size=batch, epochs=epochs,
                          max_steps=training.max_steps, val_every=val_every,
@@ -300,16 +306,13 @@ def resolve_sizes(training: TrainingConfig, rows: int, world_size: int = 1,
 
 # ---- sections of the other steps -----------------------------------------------------------
 class PreprocessConfig(_Section):
-    """``ctrctl preprocess`` settings a pipeline can carry.
+    """What a pipeline says about its dataset.
 
     Attributes:
-        schema_path: the feature schema YAML (``schemas/criteo.yaml``).
-        inputs: raw input files or globs.
-        out: the dataset folder written.
+        out: the dataset folder (``ctrctl plan --config F`` plans for it when no --dataset
+            is given).
     """
 
-    schema_path: str | None = None
-    inputs: tuple[str, ...] = ()
     out: str | None = None
 
 
@@ -373,17 +376,18 @@ class PlanConfig(_Section):
 
 
 class EvalConfig(_Section):
-    """``ctrctl eval`` settings a pipeline can carry.
+    """``ctrctl eval`` / validation settings a pipeline can carry.
 
     Attributes:
-        splits: splits to score.
-        batch_size: rows per scoring batch (per rank; also used by validation in training).
-        gates: metric -> bound (e.g. ``auc: 0.70``) that must hold.
+        batch_size: rows per scoring batch (per rank), in training's validation.
+        gates: metric -> bound that ``ctrctl eval --config F`` checks when no --gate is
+            given: a number is "at least" for higher-is-better metrics (``auc: 0.70``) and
+            "at most" for lower-is-better ones (``logloss: 0.5``); a string is the rest of
+            a gate (``calibration: "=1.0+-0.05"``).
     """
 
-    splits: tuple[str, ...] = ("test",)
     batch_size: int = Field(default=8192, gt=0)
-    gates: dict[str, float] = dict()
+    gates: dict[str, float | str] = dict()
 
 
 # ---- the whole pipeline --------------------------------------------------------------------
@@ -529,6 +533,12 @@ def defaults_path() -> Path:
     from importlib.resources import files
 
     return Path(str(files("ctrctl") / "defaults" / "default.yaml"))
+
+
+def dump_config(config: PipelineConfig) -> str:
+    """The resolved config as YAML, sections in file order (what ``ctrctl config show``
+    prints; it loads back to the same config)."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None)
 
 
 def load_config(

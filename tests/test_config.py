@@ -66,8 +66,9 @@ def test_sizes_follow_the_row_count(rows: int, batch: int, epochs: int) -> None:
     sizes = resolve_sizes(TrainingConfig(), rows)
     assert (sizes.batch_size, sizes.epochs) == (batch, epochs)
     assert sizes.steps_per_epoch == -(-rows // batch)
-    # once an epoch, and at least four times a run
-    assert sizes.val_every == min(sizes.steps_per_epoch, sizes.total_steps // 4)
+    # four times an epoch (at most every 25 steps), and at least four times a run
+    assert sizes.val_every == min(sizes.steps_per_epoch, sizes.total_steps // 4,
+                                  max(25, sizes.steps_per_epoch // 4))
     assert set(sizes.chosen) == {"batch_size", "epochs", "val_every"}
 
 
