@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -455,6 +456,24 @@ def _raise_validation(exc: ValidationError, where: str, text: str | None) -> Non
     raise ConfigError(message, where=f"{where}:{line}" if line else where, hint=hint) from None
 
 
+#: Keys that no command read and were removed; configs saved in older checkpoints still
+#: carry them, so they are dropped (with a warning) rather than refused.
+REMOVED_KEYS: tuple[tuple[str, str], ...] = (
+    ("preprocess", "schema_path"), ("preprocess", "inputs"), ("eval", "splits"))
+
+
+def _drop_removed(data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    out = dict(data)
+    for section, key in REMOVED_KEYS:
+        part = out.get(section)
+        if isinstance(part, Mapping) and key in part:
+            out[section] = {k: v for k, v in part.items() if k != key}
+            logging.getLogger(__name__).warning(
+                "%s: %s.%s is no longer a setting (no command read it); ignored",
+                where, section, key)
+    return out
+
+
 def parse_config(
     data: Mapping[str, Any] | None, where: str = "config", text: str | None = None
 ) -> PipelineConfig:
@@ -473,7 +492,7 @@ def parse_config(
     if not isinstance(data, Mapping):
         raise ConfigError("a pipeline config must be a mapping of sections", where=where)
     try:
-        return PipelineConfig.model_validate(dict(data))
+        return PipelineConfig.model_validate(_drop_removed(data, where))
     except ValidationError as exc:
         _raise_validation(exc, where, text)
         raise  # unreachable: _raise_validation always raises
@@ -581,7 +600,7 @@ def load_config(
         # Validate the file alone first so an error in it points at its line.
         parse_config(data, where=where, text=text)
         try:
-            return PipelineConfig.model_validate(merged)
+            return PipelineConfig.model_validate(_drop_removed(merged, where))
         except ValidationError as exc:
             _raise_validation(exc, f"{where} + overrides ({' '.join(overrides)})", None)
             raise

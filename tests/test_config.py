@@ -13,6 +13,7 @@ from ctrctl.config import (
     apply_overrides,
     defaults_path,
     load_config,
+    parse_config,
     resolve_sizes,
 )
 from ctrctl.errors import ConfigError
@@ -188,3 +189,12 @@ def test_empty_dense_arch_is_allowed_for_datasets_without_dense_features() -> No
     assert cfg.model.dense_arch == ()
     with pytest.raises(ConfigError, match="positive"):
         load_config(None, ["model.dense_arch=[0, 16]"])
+
+
+def test_removed_keys_of_older_checkpoints_are_ignored() -> None:
+    old = {"preprocess": {"schema_path": "s.yaml", "inputs": ["a"], "out": "ds"},
+           "eval": {"splits": ["test"], "gates": {"auc": 0.7}}}
+    cfg = parse_config(old)
+    assert cfg.preprocess.out == "ds" and cfg.eval.gates == {"auc": 0.7}
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse_config({"eval": {"split": ["test"]}})
