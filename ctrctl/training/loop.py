@@ -230,6 +230,10 @@ class _Trainer:
                      f"{e.patience}, min_delta {e.min_delta})")
         elif self.val_loader is None:
             line += f"; no {self.t.val_split!r} split: no validation, no early stopping"
+        carved = self.manifest.transforms.get("val_carved")
+        if carved and self.val_loader is not None:
+            line += (f"; {self.t.val_split} is {carved['fraction']:.0%} of the training rows "
+                     f"drawn with seed {carved['seed']}")
         return line
 
     # ---- state ------------------------------------------------------------------------
@@ -457,6 +461,11 @@ class _Trainer:
             "early_stopping_metric": f"{self.t.val_split}.{e.metric}" if e is not None else None,
             "restored_best": bool(e is not None and e.best_step is not None
                                   and self.t.early_stopping.restore_best),
+            # the split validated on; ``carved``: drawn from train by preprocess (and how)
+            "val": {"split": self.t.val_split,
+                    "rows": self.manifest.splits[self.t.val_split].rows
+                    if self.val_loader is not None else 0,
+                    "carved": self.manifest.transforms.get("val_carved")},
             "sizes": {"batch_size": self.batch_size, "epochs": self.sizes.epochs,
                       "max_steps": self.t.max_steps, "val_every": self.val_every,
                       "steps_per_epoch": self.loader.num_batches,
