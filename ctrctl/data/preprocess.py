@@ -34,6 +34,7 @@ from typing import Any, Literal
 import polars as pl
 
 from ctrctl.data.fastpath import SUMMARY, SplitRule, SplitSummary, fast_layout, stream_fast
+from ctrctl.data.guards import carve_plan, check_skipped
 from ctrctl.data.manifest import DatasetManifest, SplitInfo
 from ctrctl.data.readers import (
     SPLIT_NAMES,
@@ -147,15 +148,6 @@ def clean_stale_temps(out: Path) -> list[Path]:
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
-
-
-def carve_plan(sources: Sequence[InputSource], ratio: tuple[float, float, float] | None,
-               split_by_day: bool, val_fraction: float) -> bool:
-    """Whether a validation split is carved from train: no input names ``val`` and none is
-    divided by ratio or by day, some input goes to train, and ``val_fraction`` > 0."""
-    return (val_fraction > 0 and ratio is None and not split_by_day
-            and not any(s.split == "val" for s in sources)
-            and any(s.split in (None, "train") for s in sources))
 
 
 def _plan_jobs(
@@ -547,36 +539,6 @@ def _stream_job(
         first = min(int(r["first_bad"]) for r in counts.values() if r["first_bad"] is not None)
         raise locate_bad_row(schema, job.scan, job.source.path, first, bad_rows)
     return _keep_filled_targets(job, counts, possible)
-
-
-def check_skipped(path: Path, counts: dict[str, dict[str, Any]], max_fraction: float) -> None:
-    """Refuse a skip that drops too much: more than ``max_fraction`` of the input's rows, or
-    every row of one label (what is kept of a split holds one class only).
-
-    Raises:
-        InputDataError: naming the input, the counts per reason and what to do.
-    """
-    read = sum(int(v.get("rows_read", 0)) for v in counts.values())
-    kept = sum(int(v.get("rows", 0)) for v in counts.values())
-    positives = sum(int(v.get("positives", 0)) for v in counts.values())
-    dropped = read - kept
-    if not dropped:
-        return
-    reasons = ", ".join(f"{r} {sum(int(v.get(r, 0)) for v in counts.values()):,}"
-                        for r in BAD_REASONS if any(v.get(r) for v in counts.values()))
-    what = f"--on-bad-rows skip would drop {dropped:,} of {read:,} rows ({reasons})"
-    if kept and positives in (0, kept):
-        raise InputDataError(
-            f"{what} and keep only rows of label {int(positives > 0)} "
-            f"({kept:,} rows): a whole class would be dropped",
-            where=str(path),
-            hint="the labels are probably coded otherwise (e.g. -1/1): map them in the "
-                 "schema, e.g. `label: {name: label, map: {-1: 0, 1: 1}}`")
-    if dropped > max_fraction * read:
-        raise InputDataError(
-            f"{what}: {dropped / read:.1%}, more than the {max_fraction:.0%} allowed",
-            where=str(path),
-            hint="check the schema against the file, or raise --max-skip-fraction")
 
 
 class _CountedProgress(Progress):
