@@ -20,7 +20,9 @@ Example:
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,17 +35,23 @@ from ctrctl.names import ComputeKernel, ShardingType
 
 __all__ = [
     "DenseOptimizerConfig",
+    "EarlyStoppingConfig",
     "EmbeddingOptimizerSection",
     "EvalConfig",
     "ModelConfig",
     "PipelineConfig",
     "PlanConfig",
     "PreprocessConfig",
+    "ResolvedSizes",
     "TableConstraintConfig",
     "TrainingConfig",
     "apply_overrides",
+    "auto_batch_size",
+    "defaults_path",
+    "dump_config",
     "load_config",
     "parse_config",
+    "resolve_sizes",
 ]
 
 
@@ -70,7 +78,7 @@ class ModelConfig(_Section):
 
     embedding_dim: int = Field(default=16, gt=0)
     dense_arch: tuple[int, ...] = (64, 16)
-    over_arch: tuple[int, ...] = (64, 1)
+    over_arch: tuple[int, ...] = (64, 32, 1)
     interaction: Literal["dot", "dcn"] = "dot"
     dcn_layers: int = Field(default=2, ge=1)
     dcn_rank: int = Field(default=16, ge=0)
@@ -131,16 +139,56 @@ class DenseOptimizerConfig(_Section):
 
 
 # ---- training ----------------------------------------------------------------------------
+class EarlyStoppingConfig(_Section):
+    """Stop when the validation metric stops improving, and end with the best weights.
+
+    On whenever the dataset has the validation split (``training.val_split``) and
+    ``enabled`` is true; the run validates every ``training.val_every`` steps, keeps the best
+    weights in ``OUT/best/`` and, when it stops (patience spent or the ``epochs`` /
+    ``max_steps`` cap reached), puts them back into the model before the final checkpoint.
+
+    Attributes:
+        enabled: use early stopping when a validation split exists.
+        metric: the validation metric watched (``logloss`` or ``auc``).
+        mode: ``min`` (logloss) or ``max`` (auc); ``auto`` picks by the metric.
+        patience: validations without improvement before stopping.
+        min_delta: an improvement smaller than this does not count.
+        restore_best: end the run with the best validation's weights.
+    """
+
+    enabled: bool = True
+    metric: Literal["logloss", "auc"] = "logloss"
+    mode: Literal["auto", "min", "max"] = "auto"
+    patience: int = Field(default=3, ge=1)
+    min_delta: float = Field(default=0.0, ge=0)
+    restore_best: bool = True
+
+    @property
+    def direction(self) -> str:
+        """``min`` or ``max``: ``auto`` resolved by the metric."""
+        if self.mode != "auto":
+            return self.mode
+        return "max" if self.metric == "auc" else "min"
+
+
 class TrainingConfig(_Section):
     """The train loop.
 
+    Sizes left at ``null`` follow from the training split's row count (see
+    :func:`ctrctl.training.sizes.resolve_sizes`): small data gets small batches and several
+    epochs, large data keeps large batches; what was chosen is logged before training.
+
     Attributes:
         batch_size: the global batch: over W ranks each rank takes ``batch_size / W`` rows
-            per step, so it must divide evenly.
-        epochs: passes over the training split (ignored when ``max_steps`` is set).
+            per step, so it must divide evenly (null: from the row count).
+        epochs: the most passes over the training split (null: from the row count); early
+            stopping may end the run sooner. Ignored when ``max_steps`` is set.
         max_steps: stop after this many steps, crossing epochs as needed.
-        val_every: validate every N steps (0: only at the end).
+        val_every: validate every N steps (null: four times an epoch but at most every 25
+            steps, so once an epoch for short ones, and at least four times a run; 0: only
+            at the end).
         checkpoint_every: write a checkpoint every N steps (0: only at the end).
+        keep_checkpoints: periodic checkpoints kept (older ones are removed; 0: keep all).
         log_every: log metrics (MLflow, progress) every N steps.
         seed: seeds parameter initialisation, shuffling and every RNG.
         num_workers: loader threads reading Parquet row groups.
@@ -155,13 +203,15 @@ class TrainingConfig(_Section):
         global_order: every rank reads the split in the one-process order and takes its
             slice of each global batch: W processes train on exactly the batches of one
             process, at W times the reading cost.
+        early_stopping: see :class:`EarlyStoppingConfig`.
     """
 
-    batch_size: int = Field(default=4096, gt=0)
-    epochs: int = Field(default=1, ge=1)
+    batch_size: int | None = Field(default=None, gt=0)
+    epochs: int | None = Field(default=None, ge=1)
     max_steps: int | None = Field(default=None, ge=1)
-    val_every: int = Field(default=0, ge=0)
+    val_every: int | None = Field(default=None, ge=0)
     checkpoint_every: int = Field(default=0, ge=0)
+    keep_checkpoints: int = Field(default=2, ge=0)
     log_every: int = Field(default=50, ge=1)
     seed: int = 0
     num_workers: int = Field(default=2, ge=0)
@@ -172,20 +222,107 @@ class TrainingConfig(_Section):
     val_split: str = "val"
     val_max_rows: int | None = Field(default=None, ge=1)
     global_order: bool = False
+    early_stopping: EarlyStoppingConfig = EarlyStoppingConfig()
+
+
+#: Automatic batch sizes: about one batch per this many training rows, as a power of two
+#: between the bounds below (7,200 rows -> 64, 60k -> 512, 1M and more -> 4,096).
+AUTO_BATCH_ROWS = 100
+AUTO_BATCH_MIN, AUTO_BATCH_MAX = 64, 4096
+#: Automatic epochs: enough passes for about this many steps (early stopping usually ends
+#: the run sooner), at most AUTO_MAX_EPOCHS; a 10M-row split gets one epoch.
+AUTO_TARGET_STEPS = 2000
+AUTO_MAX_EPOCHS = 20
+#: Automatic validation: four times an epoch but no more often than every AUTO_VAL_STEPS
+#: steps (so once an epoch for short epochs), and at least AUTO_MIN_VALIDATIONS times a run.
+AUTO_VAL_PER_EPOCH = 4
+AUTO_VAL_STEPS = 25
+AUTO_MIN_VALIDATIONS = 4
+#: A run of fewer steps than this gets a warning: the model has barely moved.
+FEW_STEPS = 50
+
+
+@dataclass(frozen=True)
+class ResolvedSizes:
+    """The training sizes in use, after those left at ``null`` were chosen from the data.
+
+    Attributes:
+        rows: training rows per epoch (all ranks together).
+        batch_size, epochs, val_every: as :class:`TrainingConfig`, resolved.
+        max_steps: the explicit step cap, or None.
+        steps_per_epoch, total_steps: steps per epoch and the cap on steps in all.
+        chosen: the keys that were chosen from the data (not set in the config).
+    """
+
+    rows: int
+    batch_size: int
+    epochs: int
+    max_steps: int | None
+    val_every: int
+    steps_per_epoch: int
+    total_steps: int
+    chosen: tuple[str, ...]
+
+    def describe(self) -> str:
+        """One line for the log: every size, and which were chosen from the data."""
+        auto = f" (from {self.rows:,} rows: {', '.join(self.chosen)})" if self.chosen else ""
+        cap = f"max_steps {self.max_steps}" if self.max_steps else f"epochs {self.epochs}"
+        return (f"batch_size {self.batch_size}, {cap}, {self.steps_per_epoch} steps per "
+                f"epoch, at most {self.total_steps} steps, val_every {self.val_every}{auto}")
+
+
+def auto_batch_size(rows: int, world_size: int = 1) -> int:
+    """The batch size chosen for ``rows`` training rows: see :data:`AUTO_BATCH_ROWS`."""
+    target = max(rows // AUTO_BATCH_ROWS, 1)
+    batch = 1 << max(target.bit_length() - 1, 0)  # the power of two at or below
+    batch = min(max(batch, AUTO_BATCH_MIN), AUTO_BATCH_MAX)
+    return -(-batch // world_size) * world_size  # a multiple of the world size
+
+
+def resolve_sizes(training: TrainingConfig, rows: int, world_size: int = 1,
+                  drop_last: bool | None = None) -> ResolvedSizes:
+    """Batch size, epochs and validation cadence for a training split of ``rows`` rows.
+
+    Keys set in ``training`` are kept; those left at ``null`` follow from ``rows`` (small
+    data: small batches and several epochs; large data: large batches, one epoch).
+
+    Example:
+        >>> resolve_sizes(TrainingConfig(), 7200).batch_size
+        64
+    """
+    chosen = []
+    batch = training.batch_size
+    if batch is None:
+        batch = auto_batch_size(rows, world_size)
+        chosen.append("batch_size")
+    drop = training.drop_last if drop_last is None else drop_last
+    per_epoch = (rows // batch) if drop else -(-rows // batch)
+    per_epoch = max(per_epoch, 1)
+    epochs = training.epochs
+    if epochs is None:
+        epochs = min(max(-(-AUTO_TARGET_STEPS // per_epoch), 1), AUTO_MAX_EPOCHS)
+        if training.max_steps is None:
+            chosen.append("epochs")
+    total = training.max_steps or epochs * per_epoch
+    val_every = training.val_every
+    if val_every is None:
+        often = max(AUTO_VAL_STEPS, per_epoch // AUTO_VAL_PER_EPOCH)
+        val_every = max(1, min(per_epoch, total // AUTO_MIN_VALIDATIONS, often))
+        chosen.append("val_every")
+    return ResolvedSizes(rows=rows, batch_size=batch, epochs=epochs,
+                         max_steps=training.max_steps, val_every=val_every,
+                         steps_per_epoch=per_epoch, total_steps=total, chosen=tuple(chosen))
 
 
 # ---- sections of the other steps -----------------------------------------------------------
 class PreprocessConfig(_Section):
-    """``ctrctl preprocess`` settings a pipeline can carry.
+    """What a pipeline says about its dataset.
 
     Attributes:
-        schema_path: the feature schema YAML (``schemas/criteo.yaml``).
-        inputs: raw input files or globs.
-        out: the dataset folder written.
+        out: the dataset folder (``ctrctl plan --config F`` plans for it when no --dataset
+            is given).
     """
 
-    schema_path: str | None = None
-    inputs: tuple[str, ...] = ()
     out: str | None = None
 
 
@@ -247,17 +384,18 @@ class PlanConfig(_Section):
 
 
 class EvalConfig(_Section):
-    """``ctrctl eval`` settings a pipeline can carry.
+    """``ctrctl eval`` / validation settings a pipeline can carry.
 
     Attributes:
-        splits: splits to score.
-        batch_size: rows per scoring batch (per rank; also used by validation in training).
-        gates: metric -> bound (e.g. ``auc: 0.70``) that must hold.
+        batch_size: rows per scoring batch (per rank), in training's validation.
+        gates: metric -> bound that ``ctrctl eval --config F`` checks when no --gate is
+            given: a number is "at least" for higher-is-better metrics (``auc: 0.70``) and
+            "at most" for lower-is-better ones (``logloss: 0.5``); a string is the rest of
+            a gate (``calibration: "=1.0+-0.05"``).
     """
 
-    splits: tuple[str, ...] = ("test",)
     batch_size: int = Field(default=8192, gt=0)
-    gates: dict[str, float] = dict()
+    gates: dict[str, float | str] = dict()
 
 
 # ---- the whole pipeline --------------------------------------------------------------------
@@ -325,6 +463,24 @@ def _raise_validation(exc: ValidationError, where: str, text: str | None) -> Non
     raise ConfigError(message, where=f"{where}:{line}" if line else where, hint=hint) from None
 
 
+#: Keys that no command read and were removed; configs saved in older checkpoints still
+#: carry them, so they are dropped (with a warning) rather than refused.
+REMOVED_KEYS: tuple[tuple[str, str], ...] = (
+    ("preprocess", "schema_path"), ("preprocess", "inputs"), ("eval", "splits"))
+
+
+def _drop_removed(data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    out = dict(data)
+    for section, key in REMOVED_KEYS:
+        part = out.get(section)
+        if isinstance(part, Mapping) and key in part:
+            out[section] = {k: v for k, v in part.items() if k != key}
+            logging.getLogger(__name__).warning(
+                "%s: %s.%s is no longer a setting (no command read it); ignored",
+                where, section, key)
+    return out
+
+
 def parse_config(
     data: Mapping[str, Any] | None, where: str = "config", text: str | None = None
 ) -> PipelineConfig:
@@ -343,7 +499,7 @@ def parse_config(
     if not isinstance(data, Mapping):
         raise ConfigError("a pipeline config must be a mapping of sections", where=where)
     try:
-        return PipelineConfig.model_validate(dict(data))
+        return PipelineConfig.model_validate(_drop_removed(data, where))
     except ValidationError as exc:
         _raise_validation(exc, where, text)
         raise  # unreachable: _raise_validation always raises
@@ -393,13 +549,31 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
     return result
 
 
+def defaults_path() -> Path:
+    """The built-in defaults' YAML: ``ctrctl/defaults/default.yaml`` inside the package
+    (``pipelines/default.yaml`` in a checkout is a link to it).
+
+    The pydantic defaults of every section equal this file (a test holds them together),
+    so a pipeline YAML that leaves a key out gets the value written here.
+    """
+    from importlib.resources import files
+
+    return Path(str(files("ctrctl") / "defaults" / "default.yaml"))
+
+
+def dump_config(config: PipelineConfig) -> str:
+    """The resolved config as YAML, sections in file order (what ``ctrctl config show``
+    prints; it loads back to the same config)."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None)
+
+
 def load_config(
     path: str | Path | None = None, overrides: Sequence[str] = ()
 ) -> PipelineConfig:
     """Load a pipeline YAML, apply overrides, validate, and return the frozen config.
 
     Args:
-        path: the YAML file; None for the built-in defaults.
+        path: the YAML file; None for the built-in defaults (:func:`defaults_path`).
         overrides: dotted ``key=value`` strings that win over the file.
 
     Raises:
@@ -411,27 +585,26 @@ def load_config(
         3
     """
     text: str | None = None
-    where = "defaults"
     data: Any = {}
-    if path is not None:
-        path = Path(path)
-        where = str(path)
-        text = read_text(path, ConfigError, "config file",
-                         hint="pass an existing pipelines/*.yaml")
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"invalid YAML: {exc}", where=where) from None
-        if data is None:
-            data = {}
-        if not isinstance(data, Mapping):
-            raise ConfigError("a pipeline config must be a mapping of sections", where=where)
+    if path is None:
+        path = defaults_path()
+    path = Path(path)
+    where = str(path)
+    text = read_text(path, ConfigError, "config file", hint="pass an existing pipelines/*.yaml")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid YAML: {exc}", where=where) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("a pipeline config must be a mapping of sections", where=where)
     if overrides:
         merged = apply_overrides(data, overrides)
         # Validate the file alone first so an error in it points at its line.
         parse_config(data, where=where, text=text)
         try:
-            return PipelineConfig.model_validate(merged)
+            return PipelineConfig.model_validate(_drop_removed(merged, where))
         except ValidationError as exc:
             _raise_validation(exc, f"{where} + overrides ({' '.join(overrides)})", None)
             raise

@@ -5,8 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
-from ctrctl.config import PipelineConfig, apply_overrides, load_config
+from ctrctl.config import (
+    PipelineConfig,
+    TrainingConfig,
+    apply_overrides,
+    defaults_path,
+    load_config,
+    parse_config,
+    resolve_sizes,
+)
 from ctrctl.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,10 +34,53 @@ def test_every_shipped_pipeline_loads(path: Path) -> None:
     assert first.startswith("#") and "ctrctl " in first, "a pipeline opens with its command"
 
 
-def test_defaults_without_a_file() -> None:
+def test_defaults_without_a_file_are_the_shipped_default_yaml() -> None:
     cfg = load_config(None)
     assert cfg.model.dense_arch[-1] == cfg.model.embedding_dim
-    assert cfg.training.batch_size > 0
+    assert cfg.training.batch_size is None  # chosen from the data
+    assert cfg == load_config(ROOT / "pipelines" / "default.yaml")
+    assert (ROOT / "pipelines" / "default.yaml").resolve() == defaults_path().resolve()
+    # The sections' own defaults agree with the file, so a YAML leaving a key out gets the
+    # file's value.
+    own, shipped = PipelineConfig().to_dict(), cfg.to_dict()
+    own.pop("description"), shipped.pop("description")
+    assert own == shipped
+
+
+def test_default_yaml_sets_every_key() -> None:
+    data = yaml.safe_load(defaults_path().read_text())
+
+    def keys(node: object, prefix: str = "") -> set[str]:
+        if not isinstance(node, dict):
+            return {prefix}
+        return {k for key, v in node.items() for k in keys(v, f"{prefix}{key}.")}
+
+    written = keys(data)
+    for section in ("model", "embedding_optimizer", "dense_optimizer", "training"):
+        expected = keys(PipelineConfig().to_dict()[section], f"{section}.")
+        assert expected <= written, sorted(expected - written)
+
+
+@pytest.mark.parametrize(("rows", "batch", "epochs"), [
+    (7_200, 64, 18), (57_721, 512, 18), (1_000_000, 4096, 9), (10_000_000, 4096, 1)])
+def test_sizes_follow_the_row_count(rows: int, batch: int, epochs: int) -> None:
+    sizes = resolve_sizes(TrainingConfig(), rows)
+    assert (sizes.batch_size, sizes.epochs) == (batch, epochs)
+    assert sizes.steps_per_epoch == -(-rows // batch)
+    # four times an epoch (at most every 25 steps), and at least four times a run
+    assert sizes.val_every == min(sizes.steps_per_epoch, sizes.total_steps // 4,
+                                  max(25, sizes.steps_per_epoch // 4))
+    assert set(sizes.chosen) == {"batch_size", "epochs", "val_every"}
+
+
+def test_explicit_sizes_win_and_are_not_reported_as_chosen() -> None:
+    sizes = resolve_sizes(TrainingConfig(batch_size=100, epochs=2, val_every=0), 1000)
+    assert (sizes.batch_size, sizes.epochs, sizes.val_every, sizes.total_steps) == (
+        100, 2, 0, 20)
+    assert sizes.chosen == ()
+    capped = resolve_sizes(TrainingConfig(max_steps=7), 7_200)
+    assert capped.total_steps == 7 and capped.val_every == 1
+    assert resolve_sizes(TrainingConfig(), 7_200, world_size=3).batch_size % 3 == 0
 
 
 def test_overrides_are_typed_and_win(tmp_path: Path) -> None:
@@ -137,3 +189,12 @@ def test_empty_dense_arch_is_allowed_for_datasets_without_dense_features() -> No
     assert cfg.model.dense_arch == ()
     with pytest.raises(ConfigError, match="positive"):
         load_config(None, ["model.dense_arch=[0, 16]"])
+
+
+def test_removed_keys_of_older_checkpoints_are_ignored() -> None:
+    old = {"preprocess": {"schema_path": "s.yaml", "inputs": ["a"], "out": "ds"},
+           "eval": {"splits": ["test"], "gates": {"auc": 0.7}}}
+    cfg = parse_config(old)
+    assert cfg.preprocess.out == "ds" and cfg.eval.gates == {"auc": 0.7}
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse_config({"eval": {"split": ["test"]}})

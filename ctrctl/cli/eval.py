@@ -50,6 +50,9 @@ def _summary(metrics: dict[str, Any], segments: dict[str, list[dict[str, Any]]])
     if metrics.get("baseline_feature"):
         console.print(f"baseline: smoothed training CTR of {metrics['baseline_feature']}; "
                       f"AUC lift {_fmt(metrics.get('auc_lift'))}")
+    if metrics.get("checkpoint_finished") is False:
+        console.print(f"[yellow]warning:[/] the run did not finish: this is its checkpoint "
+                      f"of step {metrics['checkpoint_step']:,}, not its final model")
     for key, why in metrics.items():
         if key.startswith("undefined_"):
             console.print(f"[yellow]{key[10:]} undefined:[/] {why}")
@@ -78,7 +81,11 @@ def eval_command(
         "--gate", help="Threshold such as auc>=0.70 or calibration=1.0+-0.05; repeatable. "
         "A failed gate exits with code 3.")] = None,
     save_predictions: Annotated[bool, typer.Option(
-        "--save-predictions", help="Also write the evaluated labels and scores as Parquet.")] = False,
+        "--save-predictions", help="Also write the evaluated labels and scores as Parquet, "
+        "with each row's position in the split (row).")] = False,
+    keep: Annotated[str | None, typer.Option(
+        help="Feature columns to copy beside each saved prediction, e.g. C1,C2 "
+        "(with --save-predictions).")] = None,
     no_baselines: Annotated[bool, typer.Option(
         "--no-baselines", help="Skip the base-rate and per-feature CTR baselines.")] = False,
     batch_size: Annotated[int, typer.Option(help="Scoring batch size.")] = 8192,
@@ -90,6 +97,8 @@ def eval_command(
     nproc_per_node: Annotated[int, typer.Option(
         "--nproc-per-node", min=1, help="Processes to score with (torchrun, gloo on CPU).")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print metrics.json to stdout.")] = False,
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="Pipeline YAML whose eval.gates apply when no --gate is given.")] = None,
     overwrite: Overwrite = False,
     tracking_uri: TrackingUri = None,
     no_track: NoTrack = False,
@@ -103,6 +112,11 @@ def eval_command(
     from ctrctl.io import check_destination
 
     parse_gates(gate or [])  # a bad gate fails here, before anything runs
+    if not gate and config is not None:
+        from ctrctl.config import load_config
+        from ctrctl.evaluation.gates import gates_from_mapping
+
+        gate = [str(g) for g in gates_from_mapping(load_config(config).eval.gates)]
     child = bool(os.environ.get(dist_launch.CHILD_ENV))  # the launcher holds the lock
     with locked(None if child else out, "eval"):
         if dist_launch.needs_launch(nproc_per_node):
@@ -120,6 +134,7 @@ def eval_command(
             result = evaluate(
                 out, checkpoint=checkpoint, dataset=dataset, predictions=predictions, split=split,
                 segment_by=segment_by or (), gates=gate or (), save_predictions=save_predictions,
+                keep=tuple(k.strip() for k in keep.split(",") if k.strip()) if keep else (),
                 baselines=not no_baselines, overwrite=overwrite, batch_size=batch_size,
                 num_bins=num_bins, exact_limit=exact_limit, ece_bins=ece_bins,
                 progress=make_progress() if rank == 0 else None,
@@ -148,7 +163,7 @@ def _child_args(values: dict[str, Any]) -> list[str]:
             "--batch-size", str(values["batch_size"]), "--num-bins", str(values["num_bins"]),
             "--exact-limit", str(values["exact_limit"]), "--ece-bins", str(values["ece_bins"]),
             "--experiment", values["experiment"]]
-    for name in ("checkpoint", "dataset", "predictions", "tracking_uri"):
+    for name in ("checkpoint", "dataset", "predictions", "tracking_uri", "keep"):
         if values[name] is not None:
             args += [f"--{name.replace('_', '-')}", str(values[name])]
     for name in ("segment_by", "gate"):

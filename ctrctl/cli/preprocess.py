@@ -28,7 +28,8 @@ def preprocess_command(
     out: OutDir,
     inputs: Annotated[list[str], typer.Option(
         "--input", "-i", help="[SPLIT=]PATH of a raw log (plain or .gz); repeat it. SPLIT is "
-        "train, val or test; without one the file goes to train, or is divided by --split-ratio.")],
+        "train, val, test or any other name (holdout=PATH); without one the file goes to "
+        "train, or is divided by --split-ratio.")],
     schema: Annotated[Path | None, typer.Option(
         help="Schema YAML (schemas/criteo.yaml, schemas/avazu.yaml, ...).")] = None,
     split_ratio: Annotated[str | None, typer.Option(
@@ -40,8 +41,14 @@ def preprocess_command(
     reuse_transforms: Annotated[Path | None, typer.Option(
         help="Map ids with this dataset's vocabularies and hash sizes (new logs to score).")] = None,
     on_bad_rows: Annotated[OnBadRows, typer.Option(
-        help="error: stop at the first malformed row; skip: drop and count such rows.")] = (
+        help="error: stop at the first malformed row; skip: drop and count such rows "
+        "(refused when it would drop a whole class or more than --max-skip-fraction).")] = (
         OnBadRows.error),
+    val_fraction: Annotated[float, typer.Option(
+        help="With no val input: this share of the training rows (random, --seed) becomes "
+        "the val split that training stops early on; 0: none.")] = 0.1,
+    max_skip_fraction: Annotated[float, typer.Option(
+        help="Most rows of an input --on-bad-rows skip may drop.")] = 0.05,
     overwrite: Overwrite = False,
     tracking_uri: TrackingUri = None,
     no_track: NoTrack = False,
@@ -57,6 +64,7 @@ def preprocess_command(
         manifest = preprocess(
             schema, inputs, out, split_ratio=split_ratio, seed=seed, split_by_day=split_by_day,
             reuse_transforms=reuse_transforms, on_bad_rows=on_bad_rows.value,
+            val_fraction=val_fraction, max_skip_fraction=max_skip_fraction,
             overwrite=overwrite, progress=make_progress(), tracker=tracker,
         )
     table = Table(title=f"dataset {out}")
@@ -65,6 +73,10 @@ def preprocess_command(
     for split, info in manifest.splits.items():
         table.add_row(split, f"{info.rows:,}", f"{info.label_rate:.4f}", str(len(info.files)))
     console.print(table)
+    carved = manifest.transforms.get("val_carved")
+    if carved:
+        console.print(f"val: {carved['fraction']:.0%} of the training rows, drawn at random "
+                      f"with seed {carved['seed']}")
     bad = {k: v for k, v in manifest.bad_rows.items() if v}
     if bad:
         console.print("skipped rows: " + ", ".join(f"{k} {v:,}" for k, v in bad.items()))

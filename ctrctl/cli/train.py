@@ -27,7 +27,9 @@ def train_command(
     overrides: Annotated[list[str] | None, typer.Argument(
         help="Config overrides such as training.batch_size=1024.", show_default=False)] = None,
     config: Annotated[Path | None, typer.Option(
-        "--config", "-c", help="Pipeline YAML (default: built-in defaults).")] = None,
+        "--config", "-c", help="Pipeline YAML; keys it leaves out take the built-in "
+        "defaults, ctrctl/defaults/default.yaml in the installed package (pipelines/"
+        "default.yaml in a checkout). `ctrctl config show` prints them resolved.")] = None,
     resume: Annotated[bool, typer.Option(
         help="Continue from the latest checkpoint in --out, with the run's own settings "
         "(its config.json; overrides apply on top).")] = False,
@@ -44,7 +46,10 @@ def train_command(
     no_track: NoTrack = False,
     experiment: Experiment = "ctrctl",
 ) -> None:
-    """Train a DLRM; checkpoints, metrics.json and config.json land in --out."""
+    """Train a DLRM; checkpoints, metrics.json and config.json land in --out.
+
+    Without --config: the built-in defaults (see --config); batch size, epochs (a cap) and validation cadence follow from the training rows, and early stopping on the val split ends the run with the best validation's weights.
+    """
     from ctrctl.config import load_config
     from ctrctl.errors import CtrctlError
     from ctrctl.training.launch import TrainSpec, launch_training

@@ -25,7 +25,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +33,7 @@ from typing import Any, Literal
 import polars as pl
 
 from ctrctl.data.fastpath import SUMMARY, SplitRule, SplitSummary, fast_layout, stream_fast
+from ctrctl.data.guards import carve_plan, check_skipped
 from ctrctl.data.manifest import DatasetManifest, SplitInfo
 from ctrctl.data.readers import (
     SPLIT_NAMES,
@@ -71,6 +72,10 @@ from ctrctl.tracking import Tracker
 logger = logging.getLogger(__name__)
 
 BadRows = Literal["error", "skip"]
+#: Share of the training rows carved into a val split when no val input is given.
+DEFAULT_VAL_FRACTION = 0.0
+#: ``--on-bad-rows skip`` refuses to drop more than this share of an input's rows.
+DEFAULT_MAX_SKIP_FRACTION = 1.0
 #: Rows per Parquet row group: large enough for fast scans, small enough to load one at a time.
 ROW_GROUP_SIZE = 65_536
 #: lz4 decodes and encodes several times faster than zstd at a modest size cost.
@@ -120,8 +125,10 @@ def _plan_jobs(
     ratio: tuple[float, float, float] | None,
     seed: int,
     split_by_day: bool,
+    val_fraction: float = 0.0,
 ) -> list[_Job]:
     jobs = [_Job(s, i, scan_input(schema, s.path)) for i, s in enumerate(sources)]
+    carve = carve_plan(sources, ratio, split_by_day, val_fraction)
     last_day = max(day_of(s.path) for s in sources) if split_by_day else None
     for job in jobs:
         source = job.source
@@ -147,6 +154,12 @@ def _plan_jobs(
                 .otherwise(pl.lit("test"))
             )
             job.split_rule = ("ratio", (ratio[0], ratio[1]), job.index, seed)
+        elif carve and source.split in (None, "train"):
+            # A seeded random share of the training rows becomes the validation split.
+            u = random_unit(pl.col(ROW), job.index, seed)
+            job.split_expr = pl.when(u < 1.0 - val_fraction).then(pl.lit("train")).otherwise(
+                pl.lit("val"))
+            job.split_rule = ("ratio", (1.0 - val_fraction, val_fraction), job.index, seed)
         else:
             job.split_expr = pl.lit(source.split or "train")
             job.split_rule = ("literal", source.split or "train")
@@ -175,6 +188,8 @@ def preprocess(
     split_by_day: bool = False,
     reuse_transforms: str | Path | None = None,
     on_bad_rows: BadRows = "error",
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION,
     overwrite: bool = False,
     row_group_size: int = ROW_GROUP_SIZE,
     progress: Progress | None = None,
@@ -195,6 +210,12 @@ def preprocess(
             (new logs for evaluation or scoring); the manifest records it as ``follows``.
         on_bad_rows: ``error`` stops at the first malformed row naming file, line and
             column; ``skip`` drops such rows and counts them per reason.
+        val_fraction: with no ``val`` input (and no ``split_ratio`` or ``split_by_day``),
+            this share of the training rows, drawn with ``seed``, becomes the ``val`` split
+            (so training can stop early); 0 keeps every training row.
+        max_skip_fraction: with ``on_bad_rows="skip"``, refuse when more than this share
+            of an input's rows would be dropped, or when dropping them would leave a split
+            with one label only while the input held both.
         overwrite: replace an existing ``out``.
         row_group_size: rows per Parquet row group.
         progress: reports rows as they stream.
@@ -227,6 +248,12 @@ def preprocess(
     _refuse_output_over_inputs(out, [s.path for s in sources] + (
         [Path(reuse_transforms)] if reuse_transforms is not None else []))
     check_destination(out, overwrite)
+    if not 0.0 <= val_fraction < 1.0 or not 0.0 <= max_skip_fraction <= 1.0:
+        raise ConfigError("--val-fraction must be in [0, 1) and --max-skip-fraction in [0, 1]")
+    carved = carve_plan(sources, ratio, split_by_day, val_fraction) and followed is None
+    if carved:
+        logger.info("no val input: %.0f%% of the training rows (random, seed %d) become the "
+                    "val split", 100 * val_fraction, seed)
 
     with tracker.run("preprocess") as run:
         run.log_params({
@@ -234,12 +261,14 @@ def preprocess(
             "inputs": [f"{s.split or '-'}={s.path}" for s in sources],
             "split_ratio": ratio, "seed": seed, "split_by_day": split_by_day,
             "on_bad_rows": on_bad_rows, "reuse_transforms": reuse_transforms,
+            "val_fraction": val_fraction if carved else 0.0,
         })
         run.log_dict(schema.to_dict(), "schema.json")
         with staged_folder(out, overwrite=overwrite) as staging:
             manifest, timings = _run(schema, sources, staging, ratio, seed, split_by_day,
                                      followed, reuse_transforms, on_bad_rows, row_group_size,
-                                     progress)
+                                     progress, val_fraction if carved else 0.0,
+                                     max_skip_fraction)
         seconds = time.perf_counter() - started
         total = sum(s.rows for s in manifest.splits.values())
         run.log_metrics({
@@ -281,6 +310,8 @@ def _run(
     on_bad_rows: BadRows,
     row_group_size: int,
     progress: Progress,
+    val_fraction: float = 0.0,
+    max_skip_fraction: float = 1.0,
 ) -> tuple[DatasetManifest, dict[str, float]]:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -296,7 +327,7 @@ def _run(
     hasher = ThreadPoolExecutor(max_workers=1)
     digests = {s.path: hasher.submit(file_digest, s.path) for s in sources}
     hasher.shutdown(wait=False)
-    jobs = _plan_jobs(schema, sources, ratio, seed, split_by_day)
+    jobs = _plan_jobs(schema, sources, ratio, seed, split_by_day, val_fraction)
     stage_dir = temp / "_staged" if staged else temp
     for job in jobs:
         _assign_targets(job, stage_dir)
@@ -314,6 +345,9 @@ def _run(
     finally:
         progress.finish()
     timings["stream"] = time.perf_counter() - t0
+    if on_bad_rows == "skip":
+        for job, count in zip(jobs, counts, strict=True):
+            check_skipped(job.source.path, count, max_skip_fraction)
 
     if staged:
         t0 = time.perf_counter()
@@ -343,6 +377,10 @@ def _run(
     hashes = {path: future.result() for path, future in digests.items()}
     manifest = _manifest(schema, jobs, counts, kinds, vocabs, temp, followed, followed_dir,
                          ratio, seed, split_by_day, on_bad_rows, row_group_size, hashes)
+    if val_fraction:
+        manifest = replace(manifest, transforms={
+            **manifest.transforms,
+            "val_carved": {"from": "train", "fraction": val_fraction, "seed": seed}})
     manifest.save(temp)
     timings["stats"] = time.perf_counter() - t0
     return manifest, timings
@@ -350,7 +388,7 @@ def _run(
 
 def _number_parts(jobs: list[_Job]) -> None:
     """Rename each split's parts to part-00000, part-00001, ... in input order."""
-    for split in SPLIT_NAMES:
+    for split in _split_order(jobs):
         targets = [t for j in jobs for t in j.targets if t.split == split]
         for number, target in enumerate(targets):
             final = target.path.with_name(f"part-{number:05d}.parquet")
@@ -371,9 +409,21 @@ def _check_polars_version(followed: DatasetManifest, kinds: dict[str, Any]) -> N
         )
 
 
+def _split_order(jobs: Sequence[_Job]) -> list[str]:
+    """train, val, test, then the other named splits in input order."""
+    names = list(SPLIT_NAMES)
+    for job in jobs:
+        if job.source.split is not None and job.source.split not in names:
+            names.append(job.source.split)
+    return names
+
+
 def _assign_targets(job: _Job, folder: Path) -> None:
     index = job.index
-    for split in SPLIT_NAMES:
+    names = list(SPLIT_NAMES)
+    if job.source.split is not None and job.source.split not in names:
+        names.append(job.source.split)
+    for split in names:
         job.targets.append(_Target(split, folder / split / f"part-{index:05d}.parquet"))
 
 
@@ -522,7 +572,7 @@ def _possible_splits(job: _Job) -> tuple[str, ...]:
         value = pl.select(expr).item()
     except pl.exceptions.PolarsError:
         return SPLIT_NAMES
-    return (value,) if value in SPLIT_NAMES else SPLIT_NAMES
+    return (value,) if isinstance(value, str) else SPLIT_NAMES
 
 
 def _manifest(
@@ -542,7 +592,7 @@ def _manifest(
     hashes: dict[Path, str],
 ) -> DatasetManifest:
     splits: dict[str, SplitInfo] = {}
-    for split in SPLIT_NAMES:
+    for split in _split_order(jobs):
         files = [str(t.path.relative_to(folder)) for j in jobs for t in j.targets
                  if t.split == split]
         rows = sum(int(c.get(split, {}).get("rows", 0)) for c in counts)

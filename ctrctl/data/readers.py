@@ -4,7 +4,9 @@ CSV/TSV inputs (plain or gzip) are scanned lazily with every column as a string 
 column that is non-null only on rows with more fields than the schema; a row with fewer
 fields reads its missing trailing fields as empty (real Criteo files lose trailing tabs).
 Parquet inputs are scanned by column name and cast to strings, so that both go through the
-same validation.
+same validation. libfm inputs (``label idx:value ...``, space-separated, e.g. Frappe) are read
+as space-separated fields and each ``idx:value`` field is cut to its index (sparse columns) or
+its value (dense columns); a field without ``:`` is malformed as a bad id or number.
 
 Example:
     >>> source = parse_input("val=logs/day_1.tsv.gz")        # InputSource(split='val', ...)
@@ -24,11 +26,13 @@ from pathlib import Path
 
 import polars as pl
 
-from ctrctl.data.schema import Schema
+from ctrctl.data.schema import Column, Schema
 from ctrctl.data.transforms import EXTRA, ROW
 from ctrctl.errors import InputDataError, SchemaError
 
 SPLIT_NAMES = ("train", "val", "test")
+#: Any other split name (``--input holdout=PATH``): a letter, then letters, digits, - or _.
+_SPLIT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 _SAMPLE_BYTES = 1 << 20
 _DAY = re.compile(r"day_(\d+)")
 
@@ -57,15 +61,20 @@ class ScannedInput:
 
 
 def parse_input(text: str) -> InputSource:
-    """Parse ``[SPLIT=]PATH``; a path containing ``=`` needs an explicit split."""
+    """Parse ``[SPLIT=]PATH``; a path containing ``=`` needs an explicit split.
+
+    SPLIT is ``train``, ``val``, ``test`` or any other name (``holdout=PATH``): a letter,
+    then letters, digits, ``-`` or ``_``. Several inputs may name the same split.
+    """
     split, sep, path = text.partition("=")
-    if sep and split in SPLIT_NAMES:
+    if sep and (split in SPLIT_NAMES or _SPLIT_NAME.fullmatch(split)) and not Path(
+            text).exists():
         return InputSource(Path(path), split)
     if sep and "/" not in split and split and not Path(text).exists():
         raise InputDataError(
-            f"unknown split {split!r} in --input {text!r}",
-            hint=f"use one of {', '.join(SPLIT_NAMES)}, e.g. --input val=PATH",
-        )
+            f"invalid split name {split!r} in --input {text!r}",
+            hint="a split name is a letter, then letters, digits, - or _, e.g. "
+                 "--input holdout=PATH")
     return InputSource(Path(text), None)
 
 
@@ -245,7 +254,19 @@ def scan_input(schema: Schema, path: Path) -> ScannedInput:
         extra_columns="ignore",
         empty_string_is_null=True,
     )
+    if schema.format == "libfm":
+        frame = frame.with_columns(_libfm_field(c) for c in schema.columns
+                                   if c.role in ("dense", "sparse"))
     return ScannedInput(frame.with_row_index(ROW), 1 if has_header else 0, estimated)
+
+
+def _libfm_field(column: Column) -> pl.Expr:
+    """A libfm ``idx:value`` field: the index for a sparse column, the value for a dense one
+    (a field without ``:`` becomes ``!``, which no id or number parses)."""
+    raw = pl.col(column.name).str.strip_chars_end("\r")
+    part = r"^([^:]*):" if column.role == "sparse" else r":([^:]*)$"
+    return pl.when(raw.str.contains(":")).then(raw.str.extract(part, 1)).otherwise(
+        pl.when(raw.is_null()).then(None).otherwise(pl.lit("!"))).alias(column.name)
 
 
 def raw_row(scan: ScannedInput, row: int) -> dict[str, str | None]:

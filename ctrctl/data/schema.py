@@ -3,10 +3,13 @@
 A schema is a YAML file (``schemas/criteo.yaml``, ``schemas/avazu.yaml``)::
 
     name: criteo                # free text, recorded in the manifest
-    format: tsv                 # csv | tsv | parquet (a .gz suffix on an input means gzip)
-    separator: "\\t"             # default: tab for tsv, comma for csv
+    format: tsv                 # csv | tsv | parquet | libfm (a .gz suffix means gzip)
+    separator: "\\t"             # default: tab for tsv, comma for csv, space for libfm
     header: false               # true | false | auto (auto: a first line naming the columns)
-    label: label                # the label column (0/1)
+    label: label                # the label column, 0/1 as is; or mapped to 0/1:
+    # label: {map: {-1: 0, 1: 1}}     raw values (as written in the file) -> 0 or 1
+    # label: {threshold: 4.0}         1 when the raw number is >= 4.0 (ratings), else 0
+    # (with a mapping, `name:` may name the label column; default: the role: label column)
     columns:                    # every column of the file, in file order
       - {name: label, role: label}
       - name: I1
@@ -27,6 +30,10 @@ A schema is a YAML file (``schemas/criteo.yaml``, ``schemas/avazu.yaml``)::
         derive:                 # optional: sparse features computed from a timestamp
           format: "%y%m%d%H"    # strptime format of the raw value
           features: [hour_of_day, weekday]   # become sparse features hour_of_day, weekday
+
+libfm files (``label idx:value idx:value ...``, one field per position, e.g. Frappe) list
+one column per field position in ``columns``: a sparse column takes each field's index, a
+dense one its value (``ctrctl/data/readers.py`` splits the fields).
 
 Sparse values of type ``string`` are hashed with polars' ``hash(seed=0)``, which is stable
 within one polars version only: the manifest records the polars version and
@@ -68,6 +75,45 @@ class Derive(_Frozen):
 
     format: str
     features: tuple[DerivedFeature, ...]
+
+
+class LabelRule(_Frozen):
+    """How raw label values become 0/1: a ``map`` of raw text to 0/1, or a ``threshold``.
+
+    Attributes:
+        map: raw value (as written in the file, e.g. ``"-1"``) -> 0 or 1; any other value
+            is a malformed label.
+        threshold: the label is 1 when the raw value, read as a number, is >= this.
+    """
+
+    map: dict[str, int] | None = None
+    threshold: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keys_as_text(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("map"), dict):
+            data = {**data, "map": {_raw_text(k): v for k, v in data["map"].items()}}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> LabelRule:
+        if (self.map is None) == (self.threshold is None):
+            raise ValueError("label: give exactly one of map or threshold")
+        if self.map is not None:
+            if not self.map:
+                raise ValueError("label.map is empty")
+            bad = {k: v for k, v in self.map.items() if v not in (0, 1)}
+            if bad:
+                raise ValueError(f"label.map must map to 0 or 1, not {bad}")
+        return self
+
+
+def _raw_text(key: Any) -> str:
+    """A YAML key as the file would write it (-1 -> "-1", True -> "true")."""
+    if isinstance(key, bool):
+        return str(key).lower()
+    return str(key)
 
 
 class Column(_Frozen):
@@ -137,11 +183,29 @@ class Schema(_Frozen):
     """A parsed, validated schema (see the module docstring for the YAML)."""
 
     name: str
-    format: Literal["csv", "tsv", "parquet"] = "tsv"
+    format: Literal["csv", "tsv", "parquet", "libfm"] = "tsv"
     separator: str | None = None
     header: bool | Literal["auto"] = False
     label: str
+    label_rule: LabelRule | None = None
     columns: tuple[Column, ...]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _label_mapping(cls, data: Any) -> Any:
+        """``label: {map: ...}`` / ``{threshold: ...}``: the column name plus its rule."""
+        if not isinstance(data, dict) or not isinstance(data.get("label"), dict):
+            return data
+        spec = dict(data["label"])
+        name = spec.pop("name", None)
+        if name is None:
+            roles = [c.get("name") for c in data.get("columns", ()) or ()
+                     if isinstance(c, dict) and c.get("role") == "label"]
+            name = roles[0] if len(roles) == 1 else None
+        if name is None:
+            raise ValueError("label: {map/threshold} needs one column with role: label, "
+                             "or name: COLUMN")
+        return {**data, "label": name, "label_rule": spec}
 
     @model_validator(mode="after")
     def _check(self) -> Schema:
@@ -170,7 +234,7 @@ class Schema(_Frozen):
         """The field separator."""
         if self.separator is not None:
             return self.separator
-        return "," if self.format == "csv" else "\t"
+        return {"csv": ",", "libfm": " "}.get(self.format, "\t")
 
     @property
     def dense(self) -> list[Column]:

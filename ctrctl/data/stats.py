@@ -124,7 +124,9 @@ def locate_bad_row(
     frame = pl.DataFrame({n: [raw.get(n)] for n in names}, schema={n: pl.String for n in names})
     checks: list[tuple[str, pl.Expr, str]] = []
     label = next(c for c in schema.columns if c.role == "label")
-    checks.append((label.name, label_value(label)[1], "label is not 0 or 1"))
+    checks.append((label.name, label_value(label, schema.label_rule)[1],
+                   "label is not 0 or 1" if schema.label_rule is None
+                   else "label matches neither label.map nor a number for label.threshold"))
     for column in schema.dense:
         checks.append((column.name, dense_value(column)[1],
                        f"dense value is not a{'n integer' if column.value_type == 'int' else ' number'}"))

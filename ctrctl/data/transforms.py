@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ctrctl.data.schema import DERIVED_SIZES, Column, Schema
+from ctrctl.data.schema import DERIVED_SIZES, Column, LabelRule, Schema
 
 #: Bad-row reasons in priority order; a row's code is 1 + the index of its first reason.
 BAD_REASONS: tuple[str, ...] = ("too_many_fields", "bad_label", "bad_dense", "bad_sparse")
@@ -37,9 +37,21 @@ SPLIT = "__split"
 STRING_HASH_SEED = 0
 
 
-def label_value(column: Column) -> tuple[pl.Expr, pl.Expr]:
-    """(label as int8, malformed): the label must be exactly "0" or "1"; missing is malformed."""
+def label_value(column: Column, rule: LabelRule | None = None) -> tuple[pl.Expr, pl.Expr]:
+    """(label as int8, malformed) of the label column; missing is malformed.
+
+    Without a rule the label must be exactly "0" or "1"; with ``rule.map`` the raw text is
+    looked up (anything else is malformed); with ``rule.threshold`` the raw number is compared
+    (1 when >= threshold; not a number is malformed).
+    """
     raw = pl.col(column.name)
+    if rule is not None and rule.map is not None:
+        mapped = raw.replace_strict(list(rule.map), list(rule.map.values()), default=None,
+                                    return_dtype=pl.Int8)
+        return mapped.fill_null(0), mapped.is_null()
+    if rule is not None and rule.threshold is not None:
+        number = raw.str.strip_chars().cast(pl.Float64, strict=False)
+        return (number >= rule.threshold).fill_null(False).cast(pl.Int8), number.is_null()
     value = (raw == "1").cast(pl.Int8)
     bad = ~raw.is_in(["0", "1"]).fill_null(False)
     return value, bad
@@ -160,7 +172,7 @@ def parsed_columns(schema: Schema) -> tuple[list[pl.Expr], pl.Expr]:
     :func:`sparse_key`), derived keys; in the dataset's column order.
     """
     label = next(c for c in schema.columns if c.role == "label")
-    value, bad = label_value(label)
+    value, bad = label_value(label, schema.label_rule)
     out = [value.alias(label.name)]
     reasons: dict[str, list[pl.Expr]] = {
         "too_many_fields": [pl.col(EXTRA).is_not_null()],

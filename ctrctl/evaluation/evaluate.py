@@ -28,7 +28,12 @@ from ctrctl.evaluation.baselines import (
 from ctrctl.evaluation.gates import Gate, GateResult, check_gates, parse_gates, raise_for_failures
 from ctrctl.evaluation.outputs import write_csv
 from ctrctl.evaluation.segments import SegmentAccumulator
-from ctrctl.evaluation.sources import ScoreBatch, checkpoint_scores, predictions_scores
+from ctrctl.evaluation.sources import (
+    ScoreBatch,
+    checkpoint_scores,
+    predictions_scores,
+    rank_range,
+)
 from ctrctl.io import check_destination, publish_staged, stage_folder, write_json_atomic
 from ctrctl.metrics.calibration import DEFAULT_BINS
 from ctrctl.metrics.streaming import (
@@ -145,6 +150,24 @@ def recorded_dataset(checkpoint: Path) -> Path | None:
     return None
 
 
+def checkpoint_status(checkpoint: Path) -> dict[str, Any]:
+    """Whether the scored checkpoint is a finished run's final one.
+
+    Returns ``checkpoint_step`` and ``checkpoint_finished`` (False: the run stopped before
+    its end, e.g. killed, and this is a periodic checkpoint; None: a checkpoint that does not
+    say); logs a warning for an unfinished run.
+    """
+    from ctrctl.checkpoint import load_trainer_state, read_metadata
+
+    meta = read_metadata(checkpoint)
+    state = load_trainer_state(meta.path)
+    finished = (state["stop_reason"] is not None) if "stop_reason" in state else None
+    if finished is False:
+        logger.warning("%s is a checkpoint of a run that did not finish (step %d): scoring a "
+                       "non-final model", meta.path, meta.step)
+    return {"checkpoint_step": meta.step, "checkpoint_finished": finished}
+
+
 class _PredictionWriter:
     """Streams this rank's evaluated rows to ``folder/part-<rank>.parquet``."""
 
@@ -153,12 +176,16 @@ class _PredictionWriter:
         self.path = folder / f"part-{rank:05d}.parquet"
         self._writer: Any = None
 
-    def write(self, batch: ScoreBatch) -> None:
+    def write(self, batch: ScoreBatch, first_row: int | None = None) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        columns = {"label": pa.array(batch.labels.astype(np.int8)),
-                   "score": pa.array(batch.scores.astype(np.float32))}
+        columns = {}
+        if first_row is not None:  # the row's position in the split (file order): a key
+            columns["row"] = pa.array(np.arange(first_row, first_row + len(batch),
+                                                dtype=np.int64))
+        columns |= {"label": pa.array(batch.labels.astype(np.int8)),
+                    "score": pa.array(batch.scores.astype(np.float32))}
         if batch.weights is not None:
             columns["weight"] = pa.array(batch.weights.astype(np.float32))
         columns |= {k: pa.array(v) for k, v in batch.features.items()}
@@ -233,6 +260,7 @@ def evaluate(
     segment_by: Sequence[str] = (),
     gates: Sequence[str | Gate] = (),
     save_predictions: bool = False,
+    keep: Sequence[str] = (),
     baselines: bool = True,
     smoothing: float = DEFAULT_SMOOTHING,
     overwrite: bool = False,
@@ -258,7 +286,9 @@ def evaluate(
         split: the dataset split to evaluate.
         segment_by: features to compute per-value metrics for.
         gates: thresholds such as ``"auc>=0.7"``; checked after writing.
-        save_predictions: also write the evaluated labels and scores as Parquet.
+        save_predictions: also write the evaluated labels and scores as Parquet (with a
+            ``row`` column, the row's position in the split, when scoring a checkpoint).
+        keep: feature columns of the dataset to copy beside each saved prediction.
         baselines: score the base-rate and per-feature CTR baselines (needs ``dataset``).
         smoothing: pseudo-impressions of the per-feature CTR baseline.
         overwrite: replace an existing ``out``.
@@ -297,9 +327,12 @@ def evaluate(
     try:
         result = _measure(
             checkpoint, dataset, predictions, split, tuple(segment_by), save_predictions,
+            tuple(keep),
             baselines, smoothing, batch_size, num_bins, exact_limit, ece_bins, progress,
             group, rank, world_size, staging,
         )
+        if checkpoint is not None:
+            result.metrics.update(checkpoint_status(checkpoint))
         result.gates = check_gates(parsed, result.metrics)
         if rank == 0:
             _write(staging, result)
@@ -341,7 +374,8 @@ def gates_from_output(out: str | Path, exit_code: int) -> list[GateResult]:
 
 def _measure(
     checkpoint: Path | None, dataset: Path | None, predictions: Path | None, split: str,
-    segment_by: tuple[str, ...], save_predictions: bool, with_baselines: bool,
+    segment_by: tuple[str, ...], save_predictions: bool, keep: tuple[str, ...],
+    with_baselines: bool,
     smoothing: float, batch_size: int, num_bins: int, exact_limit: int, ece_bins: int,
     progress: Progress, group: Any, rank: int, world_size: int, staging: Path,
 ) -> EvalResult:
@@ -351,15 +385,21 @@ def _measure(
                      process_group=group)
     segments = {f: SegmentAccumulator(f, exact_limit=exact_limit) for f in segment_by}
     writer = _PredictionWriter(staging / "predictions", rank) if save_predictions else None
+    wanted = tuple(dict.fromkeys((*segment_by, *(keep if writer is not None else ()))))
+    # The split position of this rank's first row (ranks score consecutive ranges).
+    next_row = rank_range(total, rank, world_size)[0] if total is not None and \
+        checkpoint is not None else None
     progress.start(f"eval {split}", total=total // world_size if total else None, unit="rows")
     try:
-        for batch in _scores(checkpoint, dataset, predictions, split, segment_by, rank,
+        for batch in _scores(checkpoint, dataset, predictions, split, wanted, rank,
                              world_size, batch_size):
             acc.update(batch.labels, batch.scores, batch.weights)
             for feature, seg in segments.items():
                 seg.update(batch.features[feature], batch.labels, batch.scores, batch.weights)
             if writer is not None:
-                writer.write(batch)
+                writer.write(batch, next_row)
+            if next_row is not None:
+                next_row += len(batch)
             progress.advance(len(batch))
     finally:
         if writer is not None:

@@ -160,6 +160,7 @@ def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool
     optimizer = request.optimizer or (cfg.embedding_optimizer.kind if cfg else
                                       "rowwise_adagrad")
     num_dense = 13  # DLRM's Criteo default when no dataset says otherwise
+    train_rows: int | None = None
     if request.tables is not None:
         tables = tables_from_yaml(request.tables, optimizer=optimizer)
         dataset = None
@@ -181,6 +182,7 @@ def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool
         manifest = DatasetManifest.load(dataset)
         tables = tables_from_manifest(manifest, embedding_dim=dim, optimizer=optimizer)
         num_dense = len(manifest.dense)
+        train_rows = manifest.splits["train"].rows if "train" in manifest.splits else None
     if cfg is not None:
         tables = _with_config_constraints(tables, cfg, str(request.config))
 
@@ -209,8 +211,13 @@ def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool
     global_batch = False
     if request.batch_size is not None:
         batch = request.batch_size
-    elif cfg is not None:
+    elif cfg is not None and cfg.training.batch_size is not None:
         batch, global_batch = cfg.training.batch_size, True
+    elif cfg is not None and train_rows:
+        # The batch training would choose from the data (training.batch_size: null).
+        from ctrctl.config import auto_batch_size
+
+        batch, global_batch = auto_batch_size(train_rows, topology.world_size), True
     else:
         batch = DEFAULT_BATCH_SIZE
     if cfg is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from torch import nn
 
 from ctrctl import checkpoint as ckpt
 from ctrctl.compat import bf16_autocast_supported
-from ctrctl.config import PipelineConfig
+from ctrctl.config import FEW_STEPS, PipelineConfig, resolve_sizes
 from ctrctl.data.dataset import BatchLoader, LoaderPosition
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.distributed import checkpoint as dist_ckpt
@@ -43,11 +44,15 @@ from ctrctl.io import write_json_atomic
 from ctrctl.progress import Progress
 from ctrctl.tracking import Run, Tracker
 from ctrctl.training import model as model_io
+from ctrctl.training.early_stopping import EarlyStopping
 from ctrctl.training.optimizers import dense_optimizer
 
 __all__ = ["TrainResult", "evaluate_model", "resolve_device", "train"]
 
 logger = logging.getLogger(__name__)
+
+#: The folder under OUT holding the best validation's checkpoint.
+BEST = "best"
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,12 @@ class TrainResult:
         checkpoint: the final checkpoint's step folder.
         metrics: the final metrics (``val.auc``, ``val.logloss``, ``train.loss``, ...).
         history: one entry per logged step and validation.
-        samples_per_s: training throughput of this run (global samples).
+        samples_per_s: training throughput of this run (global samples, partial batches
+            counted as their real size).
+        stop_reason: ``early_stopping``, ``epochs`` or ``max_steps`` (None: stopped early by
+            ``stop_after``, not finished).
+        best_step: the step of the best validation (its weights are the final model's when
+            early stopping restores them), or None without early stopping.
     """
 
     out: Path
@@ -69,6 +79,8 @@ class TrainResult:
     metrics: dict[str, float]
     history: list[dict[str, Any]] = field(default_factory=list)
     samples_per_s: float = 0.0
+    stop_reason: str | None = None
+    best_step: int | None = None
 
 
 def resolve_device(kind: str) -> torch.device:
@@ -173,8 +185,11 @@ class _Trainer:
                                          config.dense_optimizer)
         self.loss_fn = nn.BCEWithLogitsLoss()
         workers = self.t.num_workers
+        train_rows = self.manifest.split("train").rows
+        self.sizes = resolve_sizes(self.t, train_rows, self.world_size)
+        self.batch_size = self.sizes.batch_size
         self.loader = BatchLoader(
-            dataset, "train", self.t.batch_size, rank=self.rank, world_size=self.world_size,
+            dataset, "train", self.batch_size, rank=self.rank, world_size=self.world_size,
             shuffle=True, seed=self.t.seed, shuffle_buffer=self.t.shuffle_buffer,
             drop_last=self.t.drop_last, num_workers=workers, manifest=self.manifest,
             pin_memory=self.device.type == "cuda", global_order=self.t.global_order)
@@ -191,13 +206,38 @@ class _Trainer:
                 world_size=self.world_size,
                 num_workers=workers, max_rows=self.t.val_max_rows)
         per_epoch = self.loader.num_batches
-        self.total_steps = self.t.max_steps or self.t.epochs * per_epoch
+        self.total_steps = self.t.max_steps or self.sizes.epochs * per_epoch
+        self.val_every = self.sizes.val_every
+        es = self.t.early_stopping
+        self.early = EarlyStopping(es.metric, es.direction, es.patience, es.min_delta) \
+            if es.enabled and self.val_loader is not None else None
+        self.stop_reason: str | None = None
         self.step = 0
         self.position = LoaderPosition(0, 0)
         self.history: list[dict[str, Any]] = []
         self.metrics: dict[str, float] = {}
         # Losses since the last log line: part of the state so a resumed run logs the same.
         self.loss_sum, self.loss_count = 0.0, 0
+        # Rows trained on by this rank over the whole run (truthful: partial batches count
+        # as their real size).
+        self.rows_trained = 0
+
+    def describe(self) -> str:
+        """The resolved sizes and early stopping, one line, for the log and the CLI."""
+        line = self.sizes.describe().replace(
+            f"{self.sizes.steps_per_epoch} steps per epoch, at most {self.sizes.total_steps}",
+            f"{self.loader.num_batches} steps per epoch, at most {self.total_steps}")
+        if self.early is not None:
+            e = self.early
+            line += (f"; early stopping on {self.t.val_split}.{e.metric} ({e.mode}, patience "
+                     f"{e.patience}, min_delta {e.min_delta})")
+        elif self.val_loader is None:
+            line += f"; no {self.t.val_split!r} split: no validation, no early stopping"
+        carved = self.manifest.transforms.get("val_carved")
+        if carved and self.val_loader is not None:
+            line += (f"; {self.t.val_split} is {carved['fraction']:.0%} of the training rows "
+                     f"drawn with seed {carved['seed']}")
+        return line
 
     # ---- state ------------------------------------------------------------------------
     def _metadata(self) -> dict[str, Any]:
@@ -213,18 +253,54 @@ class _Trainer:
             "mlflow_run_id": self.run.run_id,
         }
 
-    def save(self) -> Path:
+    def save(self, folder: str = "checkpoints", keep: int | None = None,
+             extra: dict[str, Any] | None = None) -> Path:
+        """Checkpoint the model and the loop's state under ``OUT/folder``."""
+        keep = self.t.keep_checkpoints if keep is None else keep
         trainer_state = {
             "step": self.step, "epoch": self.position.epoch, "batch": self.position.batch,
             "history": self.history, "metrics": self.metrics,
             "loss_window": [self.loss_sum, self.loss_count],
-            "loader": {"seed": self.t.seed, "batch_size": self.t.batch_size,
+            "loader": {"seed": self.t.seed, "batch_size": self.batch_size,
                        "world_size": self.world_size},
+            "rows_trained": self.rows_trained,
+            "early_stopping": self.early.state() if self.early is not None else None,
+            "stop_reason": self.stop_reason,
+            **(extra or {}),
         }
-        return ckpt.save_checkpoint(
-            self.out / "checkpoints", self.step, dist_ckpt.table_shards(self.model, self.rank),
+        path = ckpt.save_checkpoint(
+            self.out / folder, self.step, dist_ckpt.table_shards(self.model, self.rank),
             model_io.dense_state(self.model), self.optimizer.state_dict(), trainer_state,
             self._metadata(), rank=self.rank, world_size=self.world_size)
+        if self.rank == 0:
+            _prune(self.out / folder, keep)
+        return path
+
+    def save_best(self) -> Path:
+        """Write the current weights as ``OUT/best`` (the only step folder kept there)."""
+        return self.save(BEST, keep=1)
+
+    def restore_best(self) -> None:
+        """Load the best validation's weights and optimizer states into the model."""
+        assert self.early is not None and self.early.best_step is not None
+        path = ckpt.latest_checkpoint(self.out / BEST)
+        if path is None or ckpt.read_metadata(path).step != self.early.best_step:
+            raise CheckpointError(
+                f"the best checkpoint (step {self.early.best_step}) is missing",
+                where=str(self.out / BEST), hint="train again with --overwrite")
+        self._load_weights(path)
+        best = ckpt.load_trainer_state(path)
+        # The run ends with the best step's model: report that step's validation metrics.
+        self.metrics.update({k: v for k, v in best.get("metrics", {}).items()
+                             if k.startswith("val.")})
+        logger.info("restored the weights of step %d (best %s.%s %.5f)", self.early.best_step,
+                    self.t.val_split, self.early.metric, self.early.best)
+
+    def _load_weights(self, path: Path) -> None:
+        model_io.load_tables(self.model, path, with_optimizer=True)
+        dense, optim_state = ckpt.load_dense(path)
+        model_io.load_dense_state(self.model, dense)
+        self.optimizer.load_state_dict(optim_state)
 
     def restore(self, path: Path) -> None:
         meta = ckpt.read_metadata(path)
@@ -232,17 +308,25 @@ class _Trainer:
             raise CheckpointError(
                 "the checkpoint was trained on another dataset (manifest hash differs)",
                 where=str(meta.path), hint="resume with the --dataset it was trained on")
-        model_io.load_tables(self.model, meta.path, with_optimizer=True)
-        dense, optim_state = ckpt.load_dense(meta.path)
-        model_io.load_dense_state(self.model, dense)
-        self.optimizer.load_state_dict(optim_state)
+        self._load_weights(meta.path)
         state = ckpt.load_trainer_state(meta.path)
         same_world = meta.world_size == self.world_size and state.get("loader", {}).get(
-            "batch_size") == self.t.batch_size
+            "batch_size") == self.batch_size
         self.step = int(state["step"])
         self.history = list(state.get("history", []))
         self.metrics = dict(state.get("metrics", {}))
         self.loss_sum, self.loss_count = state.get("loss_window", [0.0, 0])
+        self.rows_trained = int(state.get("rows_trained", 0))
+        self.stop_reason = state.get("stop_reason")
+        if self.early is not None and state.get("early_stopping"):
+            self.early.load_state(state["early_stopping"])
+        # A finished run resumed with a higher cap (or more patience) trains on: from the
+        # final checkpoint's weights, which are the best validation's when it restored them.
+        if self.stop_reason in ("epochs", "max_steps") and self.step < self.total_steps:
+            self.stop_reason = None
+        if self.stop_reason == "early_stopping" and (
+                self.early is None or not self.early.should_stop):
+            self.stop_reason = None
         if same_world:
             self.position = LoaderPosition(int(state["epoch"]), int(state["batch"]))
             ckpt.restore_rng_state(ckpt.load_rng_state(meta.path, self.rank))
@@ -256,9 +340,9 @@ class _Trainer:
                     self.position.epoch, self.position.batch)
 
     # ---- steps ------------------------------------------------------------------------
-    def _validate(self) -> None:
+    def _validate(self) -> dict[str, float] | None:
         if self.val_loader is None:
-            return
+            return None
         values = evaluate_model(self.model, self.val_loader, self.device, self.world_size)
         entry = {"step": self.step, **{f"val.{k}": v for k, v in values.items()}}
         self.history.append(entry)
@@ -268,6 +352,23 @@ class _Trainer:
                                  step=self.step)
             logger.info("step %d: %s", self.step,
                         " ".join(f"{k}={v:.4f}" for k, v in entry.items() if k != "step"))
+        return values
+
+    def _check_early_stopping(self, values: dict[str, float] | None) -> bool:
+        """Track the best validation (saving its weights); True when patience is spent."""
+        if self.early is None or values is None:
+            return False
+        value = values.get(self.early.metric)
+        if value is None:
+            return False
+        improved = self.early.update(value, self.step)
+        if improved:
+            self.save_best()
+        if self.rank == 0:
+            self.run.log_metrics({"early_stopping.best": float(self.early.best or 0.0),
+                                  "early_stopping.bad_validations": float(self.early.bad)},
+                                 step=self.step)
+        return self.early.should_stop
 
     def _batches(self):  # type: ignore[no-untyped-def]
         epoch, start = self.position.epoch, self.position.batch
@@ -279,6 +380,7 @@ class _Trainer:
             epoch, start = epoch + 1, 0
 
     def fit(self) -> float:
+        """Train until the step cap, early stopping or ``stop_after``; returns samples/s."""
         t = self.t
         use_bf16 = t.bf16 and bf16_autocast_supported(self.device)
         if t.bf16 and not use_bf16:
@@ -286,13 +388,16 @@ class _Trainer:
                            "AVX512-BF16); training in fp32", self.device.type)
         model = self.model
         model.train()
-        self.progress.start("train", total=self.total_steps * t.batch_size, unit="samples")
-        if self.step:
-            self.progress.advance(self.step * t.batch_size)
-        started, samples = time.perf_counter(), 0
+        world_rows = self.loader.rows * self.world_size  # rows per epoch over all ranks
+        total = world_rows * self.sizes.epochs if t.max_steps is None else \
+            self.total_steps * self.batch_size
+        self.progress.start("train", total=total, unit="samples")
+        if self.rows_trained:
+            self.progress.advance(self.rows_trained * self.world_size)
+        started, rows_this_run = time.perf_counter(), 0
         steps_this_run = 0
         batches = self._batches()
-        while self.step < self.total_steps:
+        while self.step < self.total_steps and self.stop_reason is None:
             if self.stop_after is not None and steps_this_run >= self.stop_after:
                 break
             position, batch = next(batches)
@@ -312,28 +417,86 @@ class _Trainer:
                                   hint="lower the learning rates")
             self.loss_sum += value
             self.loss_count += 1
-            samples += t.batch_size
-            self.progress.advance(t.batch_size, loss=value, epoch=position.epoch)
+            rows = int(batch.labels.shape[0])
+            self.rows_trained += rows
+            rows_this_run += rows
+            self.progress.advance(rows * self.world_size, loss=value, epoch=position.epoch)
             if self.step % t.log_every == 0 or self.step == self.total_steps:
                 mean = self.loss_sum / self.loss_count
                 elapsed = max(time.perf_counter() - started, 1e-9)
                 entry = {"step": self.step, "train.loss": mean,
-                         "train.samples_per_s": samples / elapsed, "epoch": position.epoch}
+                         "train.samples_per_s": rows_this_run * self.world_size / elapsed,
+                         "epoch": position.epoch}
                 self.history.append(entry)
                 self.metrics["train.loss"] = mean
                 if self.rank == 0:
                     self.run.log_metrics({k: v for k, v in entry.items() if k != "step"},
                                          step=self.step)
                 self.loss_sum, self.loss_count = 0.0, 0
-            if t.val_every and self.step % t.val_every == 0 and self.step < self.total_steps:
-                self._validate()
+            last = self.step >= self.total_steps
+            if (self.val_every and self.step % self.val_every == 0) or \
+                    (last and self.val_loader is not None):
+                if self._check_early_stopping(self._validate()):
+                    self.stop_reason = "early_stopping"
+            if last and self.stop_reason is None:
+                self.stop_reason = "max_steps" if t.max_steps else "epochs"
             if (t.checkpoint_every and self.step % t.checkpoint_every == 0
-                    and self.step < self.total_steps):
+                    and self.stop_reason is None):
                 self.save()
         self.progress.finish()
         batches.close()
         elapsed = max(time.perf_counter() - started, 1e-9)
-        return samples / elapsed
+        return _global_sum(rows_this_run, self.world_size) / elapsed
+
+    def finish(self) -> Path:
+        """End a finished run: the best weights back in place, then the final checkpoint."""
+        if self.early is not None and self.t.early_stopping.restore_best and self.early.best_step is not None \
+                and self.early.best_step != self.step:
+            self.restore_best()
+        elif self.val_loader is None:
+            logger.info("no %r split: the final model is the last step's", self.t.val_split)
+        return self.save()
+
+    def summary(self) -> dict[str, Any]:
+        """What ended the run and where the best validation was (metrics.json, MLflow)."""
+        e = self.early
+        return {
+            "stop_reason": self.stop_reason,
+            "best_step": e.best_step if e is not None else None,
+            "best_value": e.best if e is not None else None,
+            "early_stopping_metric": f"{self.t.val_split}.{e.metric}" if e is not None else None,
+            "restored_best": bool(e is not None and e.best_step is not None
+                                  and self.t.early_stopping.restore_best),
+            # the split validated on; ``carved``: drawn from train by preprocess (and how)
+            "val": {"split": self.t.val_split,
+                    "rows": self.manifest.splits[self.t.val_split].rows
+                    if self.val_loader is not None else 0,
+                    "carved": self.manifest.transforms.get("val_carved")},
+            "sizes": {"batch_size": self.batch_size, "epochs": self.sizes.epochs,
+                      "max_steps": self.t.max_steps, "val_every": self.val_every,
+                      "steps_per_epoch": self.loader.num_batches,
+                      "total_steps": self.total_steps, "chosen": list(self.sizes.chosen),
+                      "train_rows": self.loader.rows * self.world_size},
+        }
+
+
+def _global_sum(value: int, world_size: int) -> int:
+    if world_size == 1:
+        return value
+    box = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(box)
+    return int(box.item())
+
+
+def _prune(folder: Path, keep: int) -> None:
+    """Remove all but the newest ``keep`` step folders (0: keep all); never ``latest``."""
+    if keep <= 0 or not folder.is_dir():
+        return
+    latest = ckpt.latest_checkpoint(folder)
+    steps = sorted(p for p in folder.glob("step-*") if p.is_dir())
+    for old in steps[:-keep]:
+        if latest is None or old.name != latest.name:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def train(
@@ -398,20 +561,33 @@ def train(
             run.log_params({"dataset": str(dataset), "world_size": world_size,
                             "resumed_from_step": trainer.step, **config.to_dict()})
             run.log_dict(config.to_dict(), "config.json")
+        if rank == 0:
+            logger.info("training: %s", trainer.describe())
+            if trainer.total_steps < FEW_STEPS:
+                logger.warning(
+                    "this run takes only %d optimizer steps: the model will barely train; "
+                    "lower training.batch_size or raise training.epochs", trainer.total_steps)
+            run.log_params({f"resolved.{k}": v for k, v in trainer.summary()["sizes"].items()})
         rate = trainer.fit()
-        finished = trainer.step >= trainer.total_steps
-        if finished:
-            trainer._validate()
-        path = trainer.save()
+        finished = trainer.stop_reason is not None
+        path = trainer.finish() if finished else trainer.save()
+        summary = trainer.summary()
         result = TrainResult(out=out, step=trainer.step, checkpoint=path,
                              metrics=dict(trainer.metrics), history=list(trainer.history),
-                             samples_per_s=rate)
+                             samples_per_s=rate, stop_reason=trainer.stop_reason,
+                             best_step=summary["best_step"])
         if rank == 0:
             write_json_atomic(out / "metrics.json", {
-                "step": trainer.step, "finished": finished, "metrics": result.metrics,
-                "samples_per_s": rate, "history": result.history,
+                "step": trainer.step, "finished": finished, **summary,
+                "rows_trained": trainer.rows_trained * world_size,
+                "metrics": result.metrics, "samples_per_s": rate, "history": result.history,
                 "checkpoint": str(path)})
             run.log_metrics({"train.samples_per_s_total": rate}, step=trainer.step)
+            if summary["best_step"] is not None:
+                run.log_metrics({"early_stopping.best_step": float(summary["best_step"])},
+                                step=trainer.step)
+            run.set_tags({"stop_reason": str(trainer.stop_reason),
+                          "best_step": str(summary["best_step"])})
             run.log_artifact(out / "metrics.json")
             if finished:
                 run.log_artifact(path, "model")

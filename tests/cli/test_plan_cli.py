@@ -139,9 +139,10 @@ def test_plan_from_a_pipeline_config(tmp_path: Path) -> None:
     assert {ps.sharding_type for ps in plan.tables.values()} == {"table_wise"}
     assert plan.metadata["batch_size_per_rank"] == 128  # the global batch over 2 ranks
     # the dense MLPs' parameters, gradients, adagrad state and activations are reserved:
-    # bottom 1->16->8 and top (8 + 6 dot products)->64->1 by the default over_arch
-    params = (1 * 16 + 16) + (16 * 8 + 8) + (14 * 64 + 64) + (64 * 1 + 1)
-    assert plan.topology["dense_bytes"] == 4 * (3 * params + 2 * 128 * (16 + 8 + 64 + 1 + 14))
+    # bottom 1->16->8 and top (8 + 6 dot products)->64->32->1 by the default over_arch
+    params = (1 * 16 + 16) + (16 * 8 + 8) + (14 * 64 + 64) + (64 * 32 + 32) + (32 * 1 + 1)
+    assert plan.topology["dense_bytes"] == 4 * (3 * params + 2 * 128 * (16 + 8 + 64 + 32 + 1
+                                                                       + 14))
     # adagrad keeps one float per element: 100,000 x 8 weights + as much state, at least
     assert plan.tables["C1"].storage_bytes >= 2 * 100_000 * 8 * 4
 

@@ -111,7 +111,7 @@ def test_killed_run_leaves_no_output(tmp_path: Path, criteo_8k: Path, sig: int) 
         assert not temp.exists()  # the run cleaned up after itself
     # The next run removes a killed run's folder and writes a complete dataset.
     done = ctrctl("preprocess", "--schema", str(CRITEO), "--input", str(src), "--out",
-                  str(out), "--no-track", cwd=tmp_path)
+                  str(out), "--no-track", "--val-fraction", "0", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert not temp.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.tsv", "ds"]

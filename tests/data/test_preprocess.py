@@ -277,7 +277,8 @@ def test_bad_rows_error_and_skip(tmp_path: Path, reason: str, field: int | None,
     bad = list(GOOD) + ["extra"] if field is None else list(GOOD)
     if field is not None:
         bad[field] = value  # type: ignore[call-overload]
-    src = write(tmp_path / "in.tsv", [GOOD, GOOD, bad, GOOD])
+    negative = ["0", *GOOD[1:]]  # both classes survive the skip
+    src = write(tmp_path / "in.tsv", [GOOD, negative, bad, GOOD])
     with pytest.raises(InputDataError, match=message) as info:
         preprocess(small_schema(), [str(src)], tmp_path / "out")
     assert info.value.where == f"{src}{where}"
