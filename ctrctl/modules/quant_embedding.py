@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -353,7 +353,7 @@ class QuantEmbeddingBagCollection(nn.Module):
                               where="QuantEmbeddingBagCollection")
         self.weights.copy_(flat)
 
-    def _fbgemm_module(self) -> nn.Module:
+    def _fbgemm_module(self) -> Any:
         """FBGEMM's inference TBE over these tables (used to place rows and in tests)."""
         from fbgemm_gpu.split_embedding_configs import SparseType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
