@@ -53,8 +53,8 @@ _EXPORTS: dict[str, str] = {
     "Topology": "ctrctl.distributed.planner",
     # training, evaluation
     "train": "ctrctl.training.loop",
-    "load_model": "ctrctl.training.predict",
-    "predict_split": "ctrctl.training.predict",
+    "load_model": "ctrctl.inference.predictor",
+    "predict_split": "ctrctl.inference.predictor",
     "evaluate": "ctrctl.evaluation",
     # tracking
     "make_tracker": "ctrctl.tracking",

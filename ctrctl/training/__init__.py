@@ -1,11 +1,11 @@
-"""Training: the loop, checkpoints and resume, prediction from a checkpoint, torchrun launch.
+"""Training: the loop, checkpoints and resume, torchrun launch.
+
+Scoring a checkpoint lives in :mod:`ctrctl.inference.predictor`.
 
 Example:
     >>> from ctrctl.config import load_config
-    >>> from ctrctl.training import train, predict_split
+    >>> from ctrctl.training import train
     >>> result = train("dataset", "runs/a", load_config("pipelines/small.yaml"))
-    >>> for labels, scores in predict_split("runs/a", "dataset", "test"):
-    ...     ...
 """
 
 from ctrctl.training.checkpoint import (
@@ -18,7 +18,6 @@ from ctrctl.training.checkpoint import (
     save_checkpoint,
 )
 from ctrctl.training.loop import TrainResult, evaluate_model, train
-from ctrctl.training.predict import load_model, predict_split
 
 __all__ = [
     "TableShard",
@@ -26,9 +25,7 @@ __all__ = [
     "evaluate_model",
     "export_table_weights",
     "import_table_weights",
-    "load_model",
     "load_table_shards",
-    "predict_split",
     "read_metadata",
     "resolve_checkpoint",
     "save_checkpoint",

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ctrctl.inference.predictor import predict_split
 from ctrctl.testing.datasets import SyntheticDataset, make_dataset
 from ctrctl.training import checkpoint as ckpt
-from ctrctl.training.predict import predict_split
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [

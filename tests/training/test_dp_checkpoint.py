@@ -11,12 +11,12 @@ import torch
 
 from ctrctl.config import load_config
 from ctrctl.distributed.default_plan import forced_plan
+from ctrctl.inference.predictor import load_model
 from ctrctl.testing.datasets import make_dataset
 from ctrctl.testing.multiprocess import run_multiprocess
 from ctrctl.testing.training_ranks import train_body
 from ctrctl.training import checkpoint as ckpt
 from ctrctl.training import model as model_io
-from ctrctl.training.predict import load_model
 
 OVERRIDES = [
     "model.embedding_dim=8", "model.dense_arch=[16,8]", "model.over_arch=[16,1]",

@@ -13,8 +13,8 @@ from ctrctl.data.preprocess import preprocess
 from ctrctl.data.synthetic import synthesize
 from ctrctl.data.synthetic_specs import format_spec
 from ctrctl.evaluation.metrics import roc_auc
+from ctrctl.inference.predictor import predict_split
 from ctrctl.training.loop import train
-from ctrctl.training.predict import predict_split
 
 ROOT = Path(__file__).resolve().parents[2]
 
