@@ -213,6 +213,17 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
                         if manifest is not None else {})
         for relative in vocabularies.values():
             files[relative] = {}
+        if manifest is not None:
+            # The training dataset's manifest (and vocabularies): what `ctrctl predict`
+            # checks a dataset against and preprocesses raw logs with.
+            manifest.save(stage / "dataset")
+            files["dataset/manifest.json"] = {}
+            for name in manifest.sparse_names:
+                source = Path(dataset) / "vocab" / f"{name}.parquet" if dataset else None
+                if source is not None and source.is_file():
+                    (stage / "dataset" / "vocab").mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(source, stage / "dataset" / "vocab" / f"{name}.parquet")
+                    files[f"dataset/vocab/{name}.parquet"] = {}
         for relative, entry in files.items():
             entry["sha256"] = file_sha256(stage / relative)
             entry["bytes"] = (stage / relative).stat().st_size
