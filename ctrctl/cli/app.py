@@ -15,7 +15,8 @@ import typer
 from ctrctl.errors import CtrctlError
 
 #: Subcommand modules under ctrctl/cli/, in the order of the pipeline.
-COMMANDS: tuple[str, ...] = ("synth", "preprocess", "plan", "train", "eval")
+COMMANDS: tuple[str, ...] = ("synth", "preprocess", "plan", "train", "eval", "quantize",
+                             "predict")
 
 app = typer.Typer(
     name="ctrctl",

@@ -291,3 +291,58 @@ def _manifest(quantized: QuantizedModel, program: torch.export.ExportedProgram,
 def load_artifact(folder: str | Path, device: str = "cpu") -> Any:
     """Verify and load an artifact with its standalone loader (a ``serving.ServingModel``)."""
     return standalone.load(str(folder), device=device)
+
+
+def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *,
+                         dataset: str | Path | None = None, overwrite: bool = False,
+                         tracker: Any = None, log_model: bool = True) -> QuantizedModel:
+    """``ctrctl quantize`` as a library call: quantize, place, export, track.
+
+    Args:
+        checkpoint: the trained checkpoint (any of its folder forms).
+        out: the artifact folder.
+        config: a :class:`~ctrctl.inference.quantize.QuantizeConfig`.
+        dataset: the training dataset folder (for vocabularies); default: the one the
+            checkpoint records, when it still exists.
+        overwrite: replace an existing ``out``.
+        tracker: a :class:`ctrctl.tracking.Tracker`; the run is tagged with the training
+            run's id and, with ``log_model``, gets the artifact as an MLflow pyfunc model.
+
+    Returns:
+        The quantized model (with its table report and plan).
+    """
+    from ctrctl.inference.quantize import quantize_checkpoint
+    from ctrctl.tracking import Tracker
+    from ctrctl.training import checkpoint as ckpt
+
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise OutputExistsError("the export folder already exists", where=str(out),
+                                hint="pass --overwrite to replace it")
+    tracker = tracker or Tracker()
+    if dataset is None:
+        recorded = ckpt.read_metadata(checkpoint).extra.get("dataset")
+        dataset = Path(recorded) if recorded and Path(recorded).is_dir() else None
+    with tracker.run("quantize") as run:
+        quantized = quantize_checkpoint(checkpoint, config)
+        if quantized.training_run_id:
+            run.set_tags({"ctrctl.training_run_id": quantized.training_run_id})
+        run.log_params({"checkpoint": str(quantized.checkpoint), **config.to_dict()})
+        write_artifact(quantized, out, overwrite=overwrite, dataset=dataset)
+        metrics: dict[str, float] = {
+            "bytes.fp32": float(quantized.fp32_bytes),
+            "bytes.quantized": float(quantized.quantized_bytes),
+            "bytes.ratio": quantized.quantized_bytes / max(quantized.fp32_bytes, 1)}
+        for row in quantized.table_report:
+            metrics[f"bytes.{row['table']}"] = float(row["bytes"])
+        for shard in quantized.plan.shards:
+            metrics[f"shard.{shard['shard']}.bytes"] = float(shard["bytes"])
+        run.log_metrics(metrics)
+        run.log_artifact(out / standalone.MANIFEST)
+        run.log_artifact(out / PLAN_FILE)
+        if log_model and getattr(tracker, "enabled", False) and run.run_id:
+            from ctrctl.inference.pyfunc import log_pyfunc_model
+
+            log_pyfunc_model(out, run_id=run.run_id,
+                             tracking_uri=getattr(tracker, "tracking_uri", None))
+    return quantized
