@@ -60,13 +60,8 @@ def export_program(model: ServingModel) -> torch.export.ExportedProgram:
     """``torch.export`` the serving model: non-strict, dynamic batch and id count.
 
     Raises:
-        ConfigError: for an INT8 dense part (torch packs its weights into objects that only
-            pickling can save) or a graph with functionalized mutations.
+        ConfigError: for a graph with functionalized mutations (none is expected).
     """
-    if model.dense_dtype == "int8":
-        raise ConfigError("an INT8 dense part cannot be exported: torch's dynamic "
-                          "quantization keeps weights in packed objects that only pickle "
-                          "saves", hint="export with --dense-dtype fp32 or bf16")
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
     num_ids = torch.export.Dim("num_ids", min=0, max=1 << 40)
     num_sparse = len(model.input_features)

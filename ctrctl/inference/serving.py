@@ -43,8 +43,8 @@ class ServingModel(nn.Module):
             (its tables are not used).
         shards: one quantized collection per serving shard; together they hold every
             feature of ``dlrm`` once.
-        dense_dtype: ``fp32``, ``bf16`` (dense layers in bfloat16) or ``int8`` (dynamic
-            INT8 quantization of the Linear layers, eager only: see :func:`dense_int8`).
+        dense_dtype: ``fp32``, ``bf16`` (dense layers in bfloat16) or ``int8`` (INT8 weights
+            and dynamically quantized INT8 activations in the MLPs: :class:`Int8DynamicLinear`).
     """
 
     feature_perm: torch.Tensor
@@ -120,13 +120,47 @@ class ServingModel(nn.Module):
         return out
 
 
-def dense_int8(module: nn.Module) -> nn.Module:
-    """The module with its Linear layers dynamically quantized to INT8 (torch's CPU kernels).
+class Int8DynamicLinear(nn.Module):
+    """A Linear layer with INT8 weights and INT8 activations quantized at run time.
 
-    torch's dynamic quantization packs weights into opaque objects that ``torch.export``
-    cannot write without pickling them, so an INT8 dense part is for eager serving; the
-    exported artifact refuses it (see :mod:`ctrctl.inference.export`).
+    Weights: symmetric, one scale per output channel. Activations: symmetric, one scale per
+    row, computed for every call ("dynamic"). The product accumulates in int32
+    (``torch._int_mm``, an aten op, so the layer exports)::
+
+        y = (q(x) @ W_q^T) * s_x * s_w + b        q(x) = round(x / s_x), s_x = max|x| / 127
+
+    Args:
+        linear: the FP32 layer to convert.
     """
-    from torch.ao.quantization import quantize_dynamic
 
-    return quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8)
+    weight_int8: torch.Tensor
+    weight_scale: torch.Tensor
+    bias: torch.Tensor
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        weight = linear.weight.detach().float()  # (out, in)
+        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # (out,)
+        q = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self.register_buffer("weight_int8", q.t().contiguous())  # (in, out)
+        self.register_buffer("weight_scale", scale)
+        bias = linear.bias.detach().float() if linear.bias is not None else \
+            torch.zeros(weight.shape[0])
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        scale = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0  # (B, 1)
+        q = torch.round(x / scale).clamp(-127, 127).to(torch.int8)  # (B, in)
+        acc = torch._int_mm(q, self.weight_int8)  # (B, out) int32
+        return acc.float() * scale * self.weight_scale + self.bias
+
+
+def dense_int8(module: nn.Module) -> nn.Module:
+    """``module`` with every Linear layer replaced by an :class:`Int8DynamicLinear` (in place)."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(module, name, Int8DynamicLinear(child))
+        else:
+            dense_int8(child)
+    return module
