@@ -56,6 +56,15 @@ _EXPORTS: dict[str, str] = {
     "load_model": "ctrctl.inference.predictor",
     "predict_split": "ctrctl.inference.predictor",
     "evaluate": "ctrctl.evaluation",
+    # inference
+    "QuantEmbeddingBagCollection": "ctrctl.modules.quant_embedding",
+    "QuantizeConfig": "ctrctl.inference.quantize",
+    "quantize_checkpoint": "ctrctl.inference.quantize",
+    "quantize_to_artifact": "ctrctl.inference.export",
+    "write_artifact": "ctrctl.inference.export",
+    "load_artifact": "ctrctl.inference.export",
+    "predict_dataset": "ctrctl.inference.predictor",
+    "predict_raw": "ctrctl.inference.predictor",
     # tracking
     "make_tracker": "ctrctl.tracking",
 }

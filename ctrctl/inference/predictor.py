@@ -245,6 +245,7 @@ def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
         raise DatasetError("the artifact records no dataset transforms", where=str(model_dir),
                            hint="score a preprocessed split with --dataset instead")
     started = time.perf_counter()
+    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".predict-", dir=out.parent) as tmp:
         staged = Path(tmp) / "dataset"
         preprocess(None, [f"test={raw}"], staged, reuse_transforms=transforms,
