@@ -148,6 +148,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
     fns = runners(args)
+    print(f"built {', '.join(fns)}", file=sys.stderr, flush=True)
     requests = [make_inputs(args.candidates, generator) for _ in range(args.requests)]
     batches = [make_inputs(BATCH, generator) for _ in range(args.batches)]
     latency: dict[str, list[float]] = {name: [] for name in fns}
@@ -159,12 +160,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 fn(x)
             fn(batches[0])
         for r in range(args.rounds):
+            print(f"latency round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
             chunk = requests[r * per_round:(r + 1) * per_round]
             for name, fn in fns.items():
                 for x in chunk:
                     start = time.perf_counter()
                     fn(x)
                     latency[name].append(time.perf_counter() - start)
+        print("throughput", file=sys.stderr, flush=True)
         for x in batches:
             for name, fn in fns.items():
                 start = time.perf_counter()
