@@ -83,6 +83,8 @@ class ServingModel(nn.Module):
         elif dense_dtype == "int8":
             self.dense_arch = dense_int8(self.dense_arch) if self.dense_arch else None
             self.over_arch = dense_int8(self.over_arch)
+        for param in self.parameters():  # a serving model is not trained: no autograd graph
+            param.requires_grad_(False)
         self.eval()
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor,
