@@ -55,13 +55,22 @@ _EXPORTS: dict[str, str] = {
     "Topology": "ctrctl.distributed.planner",
     # training, evaluation
     "train": "ctrctl.training.loop",
-    "load_model": "ctrctl.training.predict",
-    "predict_split": "ctrctl.training.predict",
+    "load_model": "ctrctl.inference.predictor",
+    "predict_split": "ctrctl.inference.predictor",
     "evaluate": "ctrctl.evaluation",
     # metrics (torchmetrics Metrics, usable in any training loop)
     "CTRMetrics": "ctrctl.metrics",
     "StreamingAUC": "ctrctl.metrics",
     "roc_auc": "ctrctl.metrics",
+    # inference
+    "QuantEmbeddingBagCollection": "ctrctl.modules.quant_embedding",
+    "QuantizeConfig": "ctrctl.inference.quantize",
+    "quantize_checkpoint": "ctrctl.inference.quantize",
+    "quantize_to_artifact": "ctrctl.inference.export",
+    "write_artifact": "ctrctl.inference.export",
+    "load_artifact": "ctrctl.inference.export",
+    "predict_dataset": "ctrctl.inference.predictor",
+    "predict_raw": "ctrctl.inference.predictor",
     # tracking
     "make_tracker": "ctrctl.tracking",
 }

@@ -19,7 +19,8 @@ import typer
 from ctrctl.errors import CtrctlError
 
 #: Subcommand modules under ctrctl/cli/, in the order of the pipeline.
-COMMANDS: tuple[str, ...] = ("synth", "preprocess", "plan", "train", "eval", "config")
+COMMANDS: tuple[str, ...] = ("synth", "preprocess", "plan", "train", "eval", "quantize",
+                             "predict", "config")
 
 app = typer.Typer(
     name="ctrctl",

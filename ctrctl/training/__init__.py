@@ -1,22 +1,18 @@
-"""Training: the loop and resume, prediction from a checkpoint, torchrun launch.
+"""Training: the loop, early stopping and resume, torchrun launch.
 
-The checkpoint format itself is :mod:`ctrctl.checkpoint`.
+The checkpoint format itself is :mod:`ctrctl.checkpoint`; scoring a checkpoint lives in
+:mod:`ctrctl.inference.predictor`.
 
 Example:
     >>> from ctrctl.config import load_config
-    >>> from ctrctl.training import train, predict_split
+    >>> from ctrctl.training import train
     >>> result = train("dataset", "runs/a", load_config("pipelines/small.yaml"))
-    >>> for labels, scores in predict_split("runs/a", "dataset", "test"):
-    ...     ...
 """
 
 from ctrctl.training.loop import TrainResult, evaluate_model, train
-from ctrctl.training.predict import load_model, predict_split
 
 __all__ = [
     "TrainResult",
     "evaluate_model",
-    "load_model",
-    "predict_split",
     "train",
 ]

@@ -110,8 +110,8 @@ def test_choices_are_listed_and_checked(tmp_path: Path) -> None:
 
 
 def test_config_has_a_short_flag_everywhere(tmp_path: Path) -> None:
-    for command in ("train", "plan", "eval", "config"):
-        done = run([CTRCTL, command, "--help"], tmp_path)
+    for command in (["train"], ["plan"], ["eval"], ["config", "show"]):
+        done = run([CTRCTL, *command, "--help"], tmp_path)
         line = next(line for line in done.stdout.splitlines()
                     if line.lstrip("│ ").startswith("--config"))
         assert " -c " in line, (command, line)

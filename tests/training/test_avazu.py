@@ -17,9 +17,9 @@ import torch
 from ctrctl.config import load_config
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.data.preprocess import preprocess
+from ctrctl.inference.predictor import predict_split
 from ctrctl.metrics.functional import roc_auc
 from ctrctl.training.loop import train
-from ctrctl.training.predict import predict_split
 
 ROOT = Path(__file__).resolve().parents[2]
 MIN_AUC = 0.60

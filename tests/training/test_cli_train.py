@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from ctrctl import checkpoint as ckpt
+from ctrctl.inference.predictor import predict_split
 from ctrctl.testing.datasets import SyntheticDataset, make_dataset
-from ctrctl.training.predict import predict_split
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [

@@ -11,10 +11,10 @@ import torch
 from ctrctl import checkpoint as ckpt
 from ctrctl.config import load_config
 from ctrctl.errors import OutputExistsError
+from ctrctl.inference.predictor import load_model, predict_split
 from ctrctl.metrics.functional import roc_auc
 from ctrctl.testing.datasets import SyntheticDataset, make_dataset
 from ctrctl.training.loop import train
-from ctrctl.training.predict import load_model, predict_split
 
 OVERRIDES = [
     "model.embedding_dim=8", "model.dense_arch=[16,8]", "model.over_arch=[16,1]",

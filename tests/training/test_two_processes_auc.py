@@ -22,9 +22,9 @@ import pytest
 from ctrctl import checkpoint as ckpt
 from ctrctl.config import load_config
 from ctrctl.data.preprocess import preprocess
+from ctrctl.inference.predictor import predict_split
 from ctrctl.metrics.functional import roc_auc
 from ctrctl.training.loop import train
-from ctrctl.training.predict import predict_split
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = ROOT / "pipelines" / "criteo-sample.yaml"

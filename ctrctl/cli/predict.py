@@ -1,0 +1,41 @@
+"""``ctrctl predict``: score a dataset split or raw logs with a serving artifact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ctrctl.cli.common import Overwrite, console
+
+
+def predict_command(
+    model: Annotated[Path, typer.Option(help="Serving artifact folder (ctrctl quantize).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Scores Parquet file.")],
+    dataset: Annotated[Path | None, typer.Option(
+        help="Preprocessed dataset with the model's transforms.")] = None,
+    split: Annotated[str, typer.Option(help="Split of --dataset to score.")] = "test",
+    input: Annotated[Path | None, typer.Option(
+        "--input", help="Raw logs in the model's schema (instead of --dataset).")] = None,
+    batch_size: Annotated[int, typer.Option(help="Rows per scoring batch.")] = 8192,
+    overwrite: Overwrite = False,
+) -> None:
+    """Write label + score Parquet (what `ctrctl eval --predictions` reads)."""
+    from ctrctl.errors import ConfigError
+    from ctrctl.inference.predictor import predict_dataset, predict_raw
+
+    if (dataset is None) == (input is None):
+        raise ConfigError("give one of --dataset and --input", hint="not both")
+    if dataset is not None:
+        result = predict_dataset(model, dataset, split, out, batch_size=batch_size,
+                                 overwrite=overwrite)
+    else:
+        assert input is not None
+        result = predict_raw(model, input, out, batch_size=batch_size, overwrite=overwrite)
+    console.print(f"scored {result.rows:,} rows in {result.seconds:.2f} s "
+                  f"({result.rows_per_s:,.0f} rows/s) -> {result.out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("predict")(predict_command)

@@ -1,0 +1,74 @@
+"""``ctrctl quantize``: a trained checkpoint -> a quantized, sharded serving artifact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ctrctl.cli.common import (
+    Experiment,
+    NoTrack,
+    OutDir,
+    Overwrite,
+    TrackingUri,
+    console,
+    tracker_from,
+)
+
+
+def quantize_command(
+    checkpoint: Annotated[Path, typer.Option(help="Training output or checkpoint folder.")],
+    out: OutDir,
+    dtype: Annotated[str, typer.Option(
+        help="Table type: int8, int4, int2, fp16 or fp8.")] = "int8",
+    per_table: Annotated[list[str] | None, typer.Option(
+        "--per-table", help="NAME=DTYPE for one table (repeatable).",
+        show_default=False)] = None,
+    shards: Annotated[int, typer.Option(help="Serving shards (devices or hosts).")] = 1,
+    device_memory_gb: Annotated[float | None, typer.Option(
+        "--device-memory-gb", help="Table memory per shard, GiB.")] = None,
+    dense_dtype: Annotated[str, typer.Option(
+        "--dense-dtype", help="Dense layers: fp32, bf16 or int8 (int8: eager only).")] = "fp32",
+    dataset: Annotated[Path | None, typer.Option(
+        help="Training dataset (for vocabularies; default: the checkpoint's).")] = None,
+    overwrite: Overwrite = False,
+    tracking_uri: TrackingUri = None,
+    no_track: NoTrack = False,
+    experiment: Experiment = "ctrctl",
+) -> None:
+    """Quantize a checkpoint's tables, place them on serving shards, export the model."""
+    from ctrctl.inference.export import quantize_to_artifact
+    from ctrctl.inference.quantize import QuantizeConfig, parse_per_table
+
+    config = QuantizeConfig(
+        dtype=dtype.lower(), per_table=parse_per_table(per_table or []), num_shards=shards,
+        device_memory_bytes=int(device_memory_gb * 2**30) if device_memory_gb else None,
+        dense_dtype=dense_dtype.lower())
+    q = quantize_to_artifact(checkpoint, out, config, dataset=dataset, overwrite=overwrite,
+                             tracker=tracker_from(no_track, tracking_uri, experiment))
+    table = Table(title=f"quantize: {q.fp32_bytes / 2**20:,.2f} MiB -> "
+                        f"{q.quantized_bytes / 2**20:,.2f} MiB "
+                        f"({q.quantized_bytes / max(q.fp32_bytes, 1):.3f}x)")
+    for column in ("table", "rows", "dim", "dtype", "fp32 bytes", "bytes", "ratio", "shard"):
+        table.add_column(column, justify="left" if column in ("table", "dtype") else "right")
+    for r in q.table_report:
+        table.add_row(r["table"], f"{r['rows']:,}", str(r["dim"]), r["dtype"],
+                      f"{r['fp32_bytes']:,}", f"{r['bytes']:,}",
+                      f"{r['bytes'] / r['fp32_bytes']:.3f}", str(r["shard"]))
+    console.print(table)
+    placement = Table(title=f"serving placement: {q.plan.num_shards} shard(s)")
+    for column in ("shard", "device", "tables", "bytes", "lookup bytes/request"):
+        placement.add_column(column, justify="left" if column in ("device", "tables")
+                             else "right")
+    for s in q.plan.shards:
+        placement.add_row(str(s["shard"]), s["device"], ", ".join(s["tables"]),
+                          f"{s['bytes']:,}", f"{s['cost_bytes_per_request']:,.0f}")
+    console.print(placement)
+    console.print(f"artifact: {out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("quantize")(quantize_command)

@@ -1,0 +1,344 @@
+"""The serving artifact: a ``torch.export`` program, safetensors tables, plan, manifest, loader.
+
+Layout and loading rules are in :mod:`ctrctl.inference.standalone` (copied into the artifact
+as ``serving.py``). The program is exported non-strict with flat inputs (dense, ids,
+lengths) and a dynamic batch; its weights are taken out before it is saved (the saved
+program holds empty tensors in their place and no example inputs, so loading it unpickles
+nothing) and written as one safetensors file per serving shard plus one for the dense
+layers; the loader puts them back after checking every file's hash.
+
+Example:
+    >>> q = quantize_checkpoint("runs/a", QuantizeConfig(dtype="int4", num_shards=2))
+    >>> write_artifact(q, "export")
+    >>> serving = load_artifact("export")            # the standalone loader
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from ctrctl.data.manifest import DatasetManifest
+from ctrctl.errors import ConfigError, OutputExistsError
+from ctrctl.inference import standalone
+from ctrctl.inference.quantize import QuantizedModel
+from ctrctl.inference.serving import ServingModel
+from ctrctl.io import write_json_atomic
+
+logger = logging.getLogger(__name__)
+
+PROGRAM = "program.pt2"
+DENSE_FILE = "dense.safetensors"
+PLAN_FILE = "serving_plan.json"
+LOADER_FILE = "serving.py"
+
+
+def shard_file(shard: int) -> str:
+    return f"tables/shard-{shard:05d}.safetensors"
+
+
+def example_inputs(model: ServingModel, batch: int = 3
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A small valid request: (dense, ids, lengths) with one id per feature and sample."""
+    num_sparse = len(model.input_features)
+    dense = torch.zeros(batch, model.num_dense_features)
+    lengths = torch.ones(num_sparse * batch, dtype=torch.int64)
+    return dense, torch.zeros(num_sparse * batch, dtype=torch.int64), lengths
+
+
+def export_program(model: ServingModel) -> torch.export.ExportedProgram:
+    """``torch.export`` the serving model: non-strict, dynamic batch and id count.
+
+    Raises:
+        ConfigError: for a graph with functionalized mutations (none is expected).
+    """
+    batch = torch.export.Dim("batch", min=1, max=1 << 20)
+    num_ids = torch.export.Dim("num_ids", min=0, max=1 << 40)
+    num_sparse = len(model.input_features)
+    shapes = {"dense": {0: batch}, "ids": {0: num_ids}, "lengths": {0: num_sparse * batch}}
+    with torch.no_grad():
+        program = torch.export.export(model, example_inputs(model), dynamic_shapes=shapes,
+                                      strict=False)
+    functionalized = [n.name for n in program.graph.nodes
+                      if "auto_functionalized" in str(n.target)]
+    if functionalized:
+        raise ConfigError(f"the exported graph has functionalized mutations: {functionalized}",
+                          where="export_program")
+    return program
+
+
+def _stripped_copy(program: torch.export.ExportedProgram) -> dict[str, torch.Tensor]:
+    """Take the weights out of ``program`` (empty tensors in their place); return them."""
+    state = {}
+    for name, value in list(program.state_dict.items()):
+        state[name] = value.detach().contiguous().cpu()
+        empty = torch.empty(0, dtype=value.dtype)
+        program.state_dict[name] = (nn.Parameter(empty, requires_grad=False)
+                                    if isinstance(value, nn.Parameter) else empty)
+    program.example_inputs = None  # type: ignore[assignment]
+    return state
+
+
+def file_sha256(path: str | Path) -> str:
+    return standalone.sha256_file(str(path))
+
+
+def folder_sha256(folder: str | Path) -> str:
+    """A hash of a folder: its files' relative paths and contents, in sorted order."""
+    folder = Path(folder)
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(folder)).encode() + b"\0")
+        digest.update(file_sha256(path).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def _json_sha256(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def input_contract(manifest: DatasetManifest, order: list[str],
+                   vocabularies: dict[str, str] | None = None) -> dict[str, Any]:
+    """How raw rows become model inputs: features, order, hash sizes or vocabularies, and
+    dense transforms (from the dataset's schema; a dataset without one takes ids as given).
+    """
+    columns = {c.get("name"): c for c in manifest.schema.get("columns", [])
+               if isinstance(c, dict)}
+    dense = []
+    for d in manifest.dense:
+        column = columns.get(d.name, {})
+        dense.append({"name": d.name, "type": column.get("type", "float"),
+                      "transform": column.get("transform", "log1p" if column else "none"),
+                      "fill": float(column.get("fill", 0.0)), "clip": column.get("clip")})
+    by_name = {f.name: f for f in manifest.sparse}
+    sparse = []
+    for name in order:
+        f = by_name[name]
+        column = columns.get(name, {})
+        mode = f.mode if column else "id"
+        entry: dict[str, Any] = {"name": name, "type": column.get("type", "id"), "mode": mode,
+                                 "num_embeddings": f.num_embeddings,
+                                 "hash_size": f.hash_size,
+                                 "separator": column.get("multi_hot_separator")}
+        if mode == "vocab":
+            entry["vocabulary"] = (vocabularies or {}).get(name)
+        sparse.append(entry)
+    return {"dense": dense, "sparse": sparse, "order": list(order), "label": manifest.label,
+            "layout": "dense (B, F_dense) float32; ids (N,) int64 feature after feature in "
+                      "`order`; lengths (F * B,) int64 key-major; output (B,) probability"}
+
+
+def _vocabulary_files(manifest: DatasetManifest, dataset: Path | None, stage: Path
+                      ) -> dict[str, str]:
+    """Write each vocabulary-mode feature's key -> id map as JSON; returns name -> path."""
+    wanted = [f.name for f in manifest.sparse if f.mode == "vocab"]
+    if not wanted or dataset is None:
+        return {}
+    import polars as pl
+
+    out = {}
+    for name in wanted:
+        source = dataset / "vocab" / f"{name}.parquet"
+        if not source.is_file():
+            continue
+        frame = pl.read_parquet(source)
+        mapping = {("null" if v is None else str(v)): int(i)
+                   for v, i in zip(frame["value"].to_list(), frame["id"].to_list(),
+                                   strict=True)}
+        relative = f"vocab/{name}.json"
+        (stage / "vocab").mkdir(exist_ok=True)
+        (stage / relative).write_text(json.dumps(mapping))
+        out[name] = relative
+    return out
+
+
+def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: bool = False,
+                   dataset: str | Path | None = None) -> Path:
+    """Export, write and verify the serving artifact folder ``out`` atomically.
+
+    Args:
+        quantized: the quantized model (:func:`~ctrctl.inference.quantize.quantize_checkpoint`).
+        out: the artifact folder.
+        overwrite: replace an existing ``out``.
+        dataset: the training dataset folder, for vocabulary-mode features' vocabularies.
+
+    Raises:
+        OutputExistsError: ``out`` exists and ``overwrite`` is False.
+    """
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise OutputExistsError("the export folder already exists", where=str(out),
+                                hint="pass --overwrite to replace it")
+    model = quantized.model
+    program = export_program(model)
+    state = _stripped_copy(program)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        files: dict[str, dict[str, Any]] = {}
+        groups: dict[str, dict[str, torch.Tensor]] = {DENSE_FILE: {}}
+        for name, tensor in state.items():
+            if name.startswith("shards."):
+                shard = int(name.split(".")[1])
+                groups.setdefault(shard_file(shard), {})[name] = tensor
+            else:
+                groups[DENSE_FILE][name] = tensor
+        (stage / "tables").mkdir()
+        for relative, tensors in groups.items():
+            save_file(tensors, str(stage / relative), metadata={"file": relative})
+            files[relative] = {"tensors": sorted(tensors)}
+        torch.export.save(program, str(stage / PROGRAM))
+        files[PROGRAM] = {}
+        quantized.plan.save(stage / PLAN_FILE)
+        files[PLAN_FILE] = {}
+        shutil.copyfile(standalone.__file__, stage / LOADER_FILE)
+        files[LOADER_FILE] = {}
+        manifest = quantized.manifest
+        vocabularies = (_vocabulary_files(manifest, Path(dataset) if dataset else None, stage)
+                        if manifest is not None else {})
+        for relative in vocabularies.values():
+            files[relative] = {}
+        if manifest is not None:
+            # The training dataset's manifest (and vocabularies): what `ctrctl predict`
+            # checks a dataset against and preprocesses raw logs with.
+            manifest.save(stage / "dataset")
+            files["dataset/manifest.json"] = {}
+            for name in manifest.sparse_names:
+                source = Path(dataset) / "vocab" / f"{name}.parquet" if dataset else None
+                if source is not None and source.is_file():
+                    (stage / "dataset" / "vocab").mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(source, stage / "dataset" / "vocab" / f"{name}.parquet")
+                    files[f"dataset/vocab/{name}.parquet"] = {}
+        for relative, entry in files.items():
+            entry["sha256"] = file_sha256(stage / relative)
+            entry["bytes"] = (stage / relative).stat().st_size
+        write_json_atomic(stage / standalone.MANIFEST,
+                          _manifest(quantized, program, state, files, vocabularies))
+        standalone.verify(str(stage))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    logger.info("serving artifact written: %s", out)
+    return out
+
+
+def _manifest(quantized: QuantizedModel, program: torch.export.ExportedProgram,
+              state: dict[str, torch.Tensor], files: dict[str, dict[str, Any]],
+              vocabularies: dict[str, str]) -> dict[str, Any]:
+    from ctrctl.compat import versions
+
+    model = quantized.model
+    manifest = quantized.manifest
+    needs_fbgemm = any("fbgemm" in str(n.target) for n in program.graph.nodes)
+    hashes: dict[str, Any] = {"serving_plan": files[PLAN_FILE]["sha256"]}
+    if quantized.checkpoint is not None:
+        from ctrctl import checkpoint as ckpt
+
+        meta = ckpt.read_metadata(quantized.checkpoint)
+        hashes["checkpoint"] = folder_sha256(quantized.checkpoint)
+        hashes["training_plan"] = _json_sha256(meta.plan) if meta.plan else None
+    if manifest is not None:
+        hashes["dataset_manifest"] = manifest.content_hash()
+        hashes["schema"] = manifest.schema_hash or None
+    return {
+        "format": standalone.FORMAT,
+        "format_version": standalone.FORMAT_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "versions": versions(),
+        "files": files,
+        "hashes": hashes,
+        "checkpoint": str(quantized.checkpoint) if quantized.checkpoint else None,
+        "training_run_id": quantized.training_run_id,
+        "quantization": quantized.config.to_dict(),
+        "tables": quantized.table_report,
+        "program": {
+            "file": PROGRAM, "needs_fbgemm": needs_fbgemm,
+            "inputs": ["dense", "ids", "lengths"], "output": "probability (B,) float32",
+            "state": {name: {"shape": list(t.shape), "dtype": str(t.dtype)}
+                      for name, t in state.items()},
+        },
+        "input": (input_contract(manifest, model.input_features, vocabularies)
+                  if manifest is not None else {
+                      "dense": [{"name": f"dense_{i}", "transform": "none"}
+                                for i in range(model.num_dense_features)],
+                      "sparse": [{"name": f, "type": "id", "mode": "id",
+                                  "num_embeddings": spec.num_embeddings}
+                                 for shard in model.shards
+                                 for spec in shard.tables  # type: ignore[union-attr]
+                                 for f in spec.feature_names],
+                      "order": model.input_features}),
+    }
+
+
+def load_artifact(folder: str | Path, device: str = "cpu") -> Any:
+    """Verify and load an artifact with its standalone loader (a ``serving.ServingModel``)."""
+    return standalone.load(str(folder), device=device)
+
+
+def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *,
+                         dataset: str | Path | None = None, overwrite: bool = False,
+                         tracker: Any = None, log_model: bool = True) -> QuantizedModel:
+    """``ctrctl quantize`` as a library call: quantize, place, export, track.
+
+    Args:
+        checkpoint: the trained checkpoint (any of its folder forms).
+        out: the artifact folder.
+        config: a :class:`~ctrctl.inference.quantize.QuantizeConfig`.
+        dataset: the training dataset folder (for vocabularies); default: the one the
+            checkpoint records, when it still exists.
+        overwrite: replace an existing ``out``.
+        tracker: a :class:`ctrctl.tracking.Tracker`; the run is tagged with the training
+            run's id and, with ``log_model``, gets the artifact as an MLflow pyfunc model.
+
+    Returns:
+        The quantized model (with its table report and plan).
+    """
+    from ctrctl import checkpoint as ckpt
+    from ctrctl.inference.quantize import quantize_checkpoint
+    from ctrctl.tracking import Tracker
+
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise OutputExistsError("the export folder already exists", where=str(out),
+                                hint="pass --overwrite to replace it")
+    tracker = tracker or Tracker()
+    if dataset is None:
+        recorded = ckpt.read_metadata(checkpoint).extra.get("dataset")
+        dataset = Path(recorded) if recorded and Path(recorded).is_dir() else None
+    with tracker.run("quantize") as run:
+        quantized = quantize_checkpoint(checkpoint, config)
+        if quantized.training_run_id:
+            run.set_tags({"ctrctl.training_run_id": quantized.training_run_id})
+        run.log_params({"checkpoint": str(quantized.checkpoint), **config.to_dict()})
+        write_artifact(quantized, out, overwrite=overwrite, dataset=dataset)
+        metrics: dict[str, float] = {
+            "bytes.fp32": float(quantized.fp32_bytes),
+            "bytes.quantized": float(quantized.quantized_bytes),
+            "bytes.ratio": quantized.quantized_bytes / max(quantized.fp32_bytes, 1)}
+        for row in quantized.table_report:
+            metrics[f"bytes.{row['table']}"] = float(row["bytes"])
+        for shard in quantized.plan.shards:
+            metrics[f"shard.{shard['shard']}.bytes"] = float(shard["bytes"])
+        run.log_metrics(metrics)
+        run.log_artifact(out / standalone.MANIFEST)
+        run.log_artifact(out / PLAN_FILE)
+        if log_model and getattr(tracker, "enabled", False) and run.run_id:
+            from ctrctl.inference.pyfunc import log_pyfunc_model
+
+            log_pyfunc_model(out, run_id=run.run_id,
+                             tracking_uri=getattr(tracker, "tracking_uri", None))
+    return quantized

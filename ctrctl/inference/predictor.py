@@ -1,0 +1,255 @@
+"""Scores: from a trained checkpoint, or from a serving artifact (``ctrctl predict``).
+
+A checkpoint scores a dataset split in file order (:func:`predict_split`, what ``ctrctl
+eval`` uses). A serving artifact (``ctrctl quantize`` output) scores a preprocessed split
+whose transforms are the model's (:func:`predict_dataset`) or raw logs, which go through
+the same transforms first (:func:`predict_raw`); scores are written with labels as a
+predictions Parquet file (``label``, ``score``) that ``ctrctl eval --predictions`` reads.
+
+Example:
+    >>> model, manifest, config = load_model("runs/a")
+    >>> for labels, scores in predict_split("runs/a", "dataset", "test"):
+    ...     ...
+    >>> predict_dataset("export", "dataset", "test", "scores.parquet").rows_per_s
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ctrctl import checkpoint as ckpt
+from ctrctl.config import PipelineConfig, parse_config
+from ctrctl.data.batch import Batch
+from ctrctl.data.dataset import BatchLoader
+from ctrctl.data.manifest import DatasetManifest
+from ctrctl.errors import CheckpointError, DatasetError, OutputExistsError
+from ctrctl.training import model as model_io
+
+__all__ = ["PredictResult", "batch_inputs", "check_transforms", "load_model",
+           "predict_dataset", "predict_raw", "predict_split"]
+
+
+def load_model(
+    checkpoint: str | Path, device: torch.device | str = "cpu"
+) -> tuple[nn.Module, DatasetManifest, PipelineConfig]:
+    """The unsharded model of a checkpoint, in eval mode, whatever world size wrote it.
+
+    Args:
+        checkpoint: a training output folder, its ``checkpoints`` folder or a step folder.
+        device: where to put the model.
+
+    Returns:
+        (model, the manifest of the dataset it was trained on, its resolved config).
+    """
+    meta = ckpt.read_metadata(checkpoint)
+    manifest_data = meta.extra.get("manifest")
+    if not manifest_data:
+        raise CheckpointError("the checkpoint does not record its dataset manifest",
+                              where=str(meta.path))
+    manifest = DatasetManifest.from_dict(manifest_data, where=str(meta.path / "metadata.json"))
+    config = parse_config(meta.config, where=str(meta.path / "metadata.json"))
+    torch.manual_seed(config.training.seed)
+    model = model_io.build_model(config, manifest, torch.device(device))
+    model_io.load_tables(model, meta.path, with_optimizer=False)
+    dense, _ = ckpt.load_dense(meta.path)
+    model_io.load_dense_state(model, dense)
+    model.eval()
+    return model, manifest, config
+
+
+def predict_split(
+    checkpoint: str | Path,
+    dataset: str | Path,
+    split: str,
+    batch_size: int = 8192,
+    rank: int = 0,
+    world_size: int = 1,
+    *,
+    num_workers: int = 2,
+    device: torch.device | str = "cpu",
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Score rank ``rank``'s rows of a split, in file order: (labels, click probabilities).
+
+    Rank ``r`` of ``W`` scores rows ``[r*N//W, (r+1)*N//W)``, so the ranks together score
+    every row once.
+
+    Raises:
+        CheckpointError: when the dataset's tables do not fit the model's.
+    """
+    model, trained_on, _ = load_model(checkpoint, device)
+    manifest = DatasetManifest.load(dataset)
+    if manifest.table_sizes() != trained_on.table_sizes() or (
+            manifest.dense_names != trained_on.dense_names):
+        raise CheckpointError(
+            "the dataset's features or table sizes differ from those the model was trained on",
+            where=str(dataset),
+            hint="preprocess the data with the training dataset's vocabularies and hash sizes")
+    loader = BatchLoader.for_scoring(dataset, split, batch_size, rank=rank,
+                                     world_size=world_size, num_workers=num_workers)
+    with torch.no_grad():
+        for batch in loader.epoch(0):
+            batch = batch.to(device)
+            scores = torch.sigmoid(model(batch.dense, batch.sparse).float())
+            yield batch.labels.cpu().numpy(), scores.cpu().numpy()
+
+
+# ---- serving artifacts ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class PredictResult:
+    """What :func:`predict_dataset` / :func:`predict_raw` wrote."""
+
+    out: Path
+    rows: int
+    seconds: float
+    has_labels: bool
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / max(self.seconds, 1e-9)
+
+
+def batch_inputs(batch: Batch, order: Sequence[str]
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A loader batch -> the serving program's (dense, ids, lengths) in feature ``order``."""
+    keys = batch.sparse.keys()
+    kjt = batch.sparse if list(keys) == list(order) else batch.sparse.permute(
+        [keys.index(f) for f in order])
+    return batch.dense, kjt.values(), kjt.lengths()
+
+
+def check_transforms(model_manifest: dict[str, Any], dataset: DatasetManifest,
+                     where: str) -> None:
+    """Raise :class:`DatasetError` naming the first transform where the dataset differs.
+
+    Args:
+        model_manifest: the training dataset's manifest as the artifact recorded it.
+        dataset: the dataset to score.
+        where: the dataset folder, for the message.
+    """
+    trained = DatasetManifest.from_dict(model_manifest, where="export/dataset/manifest.json")
+    if trained.content_hash() == dataset.content_hash():
+        return
+    if trained.dense_names != dataset.dense_names:
+        raise DatasetError(f"dense features differ: the model takes {trained.dense_names}, "
+                           f"the dataset has {dataset.dense_names}", where=where,
+                           hint="preprocess with --reuse-transforms of the model's dataset")
+    if trained.sparse_names != dataset.sparse_names:
+        raise DatasetError(f"sparse features differ: the model takes {trained.sparse_names}, "
+                           f"the dataset has {dataset.sparse_names}", where=where,
+                           hint="preprocess with --reuse-transforms of the model's dataset")
+    ours = {c.get("name"): c for c in dataset.schema.get("columns", [])}
+    for column in trained.schema.get("columns", []):
+        other = ours.get(column.get("name"), {})
+        for key in ("type", "transform", "fill", "clip", "hash_size", "min_count",
+                    "multi_hot_separator"):
+            if column.get(key) != other.get(key):
+                raise DatasetError(
+                    f"feature {column.get('name')!r}: transform {key} is "
+                    f"{other.get(key)!r} in the dataset but {column.get(key)!r} in the model's",
+                    where=where, hint="preprocess with --reuse-transforms of the model's "
+                    "dataset")
+    for a, b in zip(trained.sparse, dataset.sparse, strict=True):
+        if (a.mode, a.num_embeddings, a.hash_size) != (b.mode, b.num_embeddings, b.hash_size):
+            raise DatasetError(
+                f"feature {a.name!r}: ids are {b.mode} with {b.num_embeddings} rows in the "
+                f"dataset but {a.mode} with {a.num_embeddings} rows in the model's",
+                where=where, hint="preprocess with --reuse-transforms of the model's dataset")
+    followed = dataset.follows or {}
+    if dataset.transforms != trained.transforms or (
+            followed and followed.get("manifest_hash") not in (None, trained.content_hash())):
+        raise DatasetError("the dataset's transform parameters differ from the model's "
+                           "(vocabularies or statistics)", where=where,
+                           hint="preprocess with --reuse-transforms of the model's dataset")
+
+
+def _write_scores(out: Path, labels: list[np.ndarray], scores: list[np.ndarray],
+                  overwrite: bool) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = {"score": pa.array(np.concatenate(scores) if scores else
+                                 np.zeros(0, np.float32))}
+    if labels:
+        columns = {"label": pa.array(np.concatenate(labels).astype(np.int8)), **columns}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    os.close(fd)
+    try:
+        pq.write_table(pa.table(columns), tmp)
+        if out.exists() and not overwrite:
+            raise OutputExistsError("the scores file already exists", where=str(out),
+                                    hint="pass --overwrite to replace it")
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def predict_dataset(model_dir: str | Path, dataset: str | Path, split: str,
+                    out: str | Path, *, batch_size: int = 8192, overwrite: bool = False,
+                    num_workers: int = 1) -> PredictResult:
+    """Score a preprocessed split with a serving artifact; write label + score Parquet.
+
+    Raises:
+        DatasetError: the dataset's transforms are not the model's (names the transform).
+        OutputExistsError: ``out`` exists and ``overwrite`` is False.
+    """
+    from ctrctl.inference.export import load_artifact
+
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise OutputExistsError("the scores file already exists", where=str(out),
+                                hint="pass --overwrite to replace it")
+    serving = load_artifact(model_dir)  # verifies every file's hash first
+    recorded = Path(model_dir) / "dataset" / "manifest.json"
+    manifest = DatasetManifest.load(dataset)
+    if recorded.is_file():
+        check_transforms(json.loads(recorded.read_text()), manifest, str(dataset))
+    order = serving.contract["order"]
+    started = time.perf_counter()
+    labels, scores, rows = [], [], 0
+    loader = BatchLoader.for_scoring(dataset, split, batch_size, num_workers=num_workers)
+    for batch in loader.epoch(0):
+        scores.append(serving.score(*batch_inputs(batch, order)).numpy())
+        labels.append(batch.labels.numpy())
+        rows += batch.batch_size
+    _write_scores(out, labels, scores, overwrite)
+    return PredictResult(out, rows, time.perf_counter() - started, True)
+
+
+def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
+                batch_size: int = 8192, overwrite: bool = False,
+                on_bad_rows: str = "error") -> PredictResult:
+    """Score raw logs: preprocess them with the model's schema, vocabularies and hash sizes
+    (``ctrctl.data``'s transforms, as ``--reuse-transforms`` applies them), then score.
+    """
+    from ctrctl.data.preprocess import preprocess
+
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise OutputExistsError("the scores file already exists", where=str(out),
+                                hint="pass --overwrite to replace it")
+    transforms = Path(model_dir) / "dataset"
+    if not (transforms / "manifest.json").is_file():
+        raise DatasetError("the artifact records no dataset transforms", where=str(model_dir),
+                           hint="score a preprocessed split with --dataset instead")
+    started = time.perf_counter()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".predict-", dir=out.parent) as tmp:
+        staged = Path(tmp) / "dataset"
+        preprocess(None, [f"test={raw}"], staged, reuse_transforms=transforms,
+                   on_bad_rows=on_bad_rows)  # type: ignore[arg-type]
+        result = predict_dataset(model_dir, staged, "test", out, batch_size=batch_size,
+                                 overwrite=overwrite)
+    return PredictResult(out, result.rows, time.perf_counter() - started, True)

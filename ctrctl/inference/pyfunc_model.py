@@ -1,0 +1,39 @@
+"""The MLflow pyfunc model over a serving artifact (models-from-code; needs no ctrctl).
+
+MLflow stores this file with the model and runs it on load; the artifact folder travels as
+the model's artifact ``export`` and its own loader (``serving.py``) does the work, so
+``mlflow.pyfunc.load_model(uri).predict(frame)`` and ``mlflow models serve`` need torch,
+safetensors, fbgemm_gpu (when the program uses it), pandas and mlflow only.
+
+Not imported by ctrctl (it registers the model when run); its path is handed to MLflow.
+
+Input: a pandas frame of raw feature values, one column per feature of the artifact's
+input contract (missing columns and empty values are missing values). Output: one click
+probability per row.
+"""
+
+import sys
+
+import mlflow
+import numpy as np
+from mlflow.pyfunc import PythonModel
+
+
+class ServingArtifactModel(PythonModel):
+    """Scores raw rows with the artifact in ``context.artifacts["export"]``."""
+
+    def load_context(self, context):
+        folder = context.artifacts["export"]
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        import serving
+
+        self.model = serving.load(folder)
+
+    def predict(self, context, model_input, params=None):
+        frame = model_input.replace({np.nan: None})
+        return np.asarray(self.model.predict_records(frame.to_dict("records")),
+                          dtype=np.float64)
+
+
+mlflow.models.set_model(ServingArtifactModel())

@@ -1,0 +1,168 @@
+"""The serving model: a trained DLRM's dense part over quantized tables split into shards.
+
+Inputs are flat, as a request arrives (no jagged-tensor classes, so an exported program
+needs nothing but torch and fbgemm_gpu)::
+
+    dense    (B, F_dense) float32          transformed dense features
+    ids      (N,) int64                    every feature's ids, feature after feature in
+                                           the input order (``input_features``), key-major
+    lengths  (F * B,) int64                ids per (feature, sample), key-major
+    ->       (B,) float32                  click probabilities
+
+The input order is shard-major: shard 0's features, then shard 1's, ... so each shard's
+bags are one contiguous run of the offsets and a shard reads its slice of them
+(``offsets[s * B : e * B + 1]``) without moving any id. The pooled vectors are put back in
+the trained model's feature order before the interaction, so one shard or several give
+the same bytes to the same dense layers: sharded scores equal unsharded ones bitwise.
+
+Example:
+    >>> model = ServingModel(dlrm, shards, feature_order)
+    >>> scores = model(dense, ids, lengths)                  # (B,)
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from ctrctl.errors import ConfigError
+from ctrctl.modules.dlrm import DLRM, SparseDotInteraction
+from ctrctl.modules.quant_embedding import QuantEmbeddingBagCollection
+
+DENSE_DTYPES = ("fp32", "bf16", "int8")
+
+
+class ServingModel(nn.Module):
+    """Scores requests with quantized, sharded tables.
+
+    Args:
+        dlrm: the trained model; its dense arch, interaction and over arch are copied
+            (its tables are not used).
+        shards: one quantized collection per serving shard; together they hold every
+            feature of ``dlrm`` once.
+        dense_dtype: ``fp32``, ``bf16`` (dense layers in bfloat16) or ``int8`` (INT8 weights
+            and dynamically quantized INT8 activations in the MLPs: :class:`Int8DynamicLinear`).
+    """
+
+    feature_perm: torch.Tensor
+
+    def __init__(self, dlrm: DLRM, shards: Sequence[QuantEmbeddingBagCollection],
+                 dense_dtype: str = "fp32") -> None:
+        super().__init__()
+        if dense_dtype not in DENSE_DTYPES:
+            raise ConfigError(f"unknown dense dtype {dense_dtype!r}",
+                              hint=f"use one of {', '.join(DENSE_DTYPES)}")
+        model_features = dlrm.sparse_arch.feature_names()
+        self.input_features = [f for s in shards for f in s.feature_names()]
+        if sorted(self.input_features) != sorted(model_features):
+            raise ConfigError(
+                f"the shards hold features {sorted(self.input_features)} but the model has "
+                f"{sorted(model_features)}", where="ServingModel",
+                hint="place every table of the model on exactly one shard")
+        self.num_dense_features = dlrm.num_dense_features
+        self.num_sparse_features = dlrm.num_sparse_features
+        self.embedding_dim = dlrm.embedding_dim
+        self.dense_dtype = dense_dtype
+        self.shards = nn.ModuleList(shards)
+        self.shard_sizes = [len(s.feature_names()) for s in shards]
+        position = {f: i for i, f in enumerate(self.input_features)}
+        self.register_buffer("feature_perm", torch.tensor(
+            [position[f] for f in model_features], dtype=torch.int64), persistent=False)
+        self.identity_order = self.input_features == model_features
+        self.dense_arch: nn.Module | None = copy.deepcopy(dlrm.dense_arch)
+        self.interaction = copy.deepcopy(dlrm.interaction)
+        self.over_arch: nn.Module = copy.deepcopy(dlrm.over_arch)
+        self.compute_dtype = torch.bfloat16 if dense_dtype == "bf16" else torch.float32
+        if dense_dtype == "bf16":
+            for part in (self.dense_arch, self.interaction, self.over_arch):
+                if part is not None:
+                    part.to(torch.bfloat16)
+        elif dense_dtype == "int8":
+            self.dense_arch = dense_int8(self.dense_arch) if self.dense_arch else None
+            self.over_arch = dense_int8(self.over_arch)
+        for param in self.parameters():  # a serving model is not trained: no autograd graph
+            param.requires_grad_(False)
+        self.eval()
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor,
+                lengths: torch.Tensor) -> torch.Tensor:
+        """Click probabilities (B,) for one batch in the flat layout (module docstring)."""
+        batch = dense.size(0)
+        offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])  # (F * B + 1,)
+        pooled, start = [], 0
+        for shard, size in zip(self.shards, self.shard_sizes, strict=True):
+            end = start + size
+            pooled.append(shard(ids, offsets[start * batch:end * batch + 1]))  # (B, D_s)
+            start = end
+        embedded = torch.cat(pooled, dim=1) if len(pooled) > 1 else pooled[0]  # (B, F * D)
+        sparse = embedded.view(batch, self.num_sparse_features, self.embedding_dim)
+        if not self.identity_order:
+            sparse = sparse.index_select(1, self.feature_perm)  # (B, F, D), model order
+        sparse = sparse.to(self.compute_dtype)
+        if self.dense_arch is None:
+            if isinstance(self.interaction, SparseDotInteraction):
+                interacted = self.interaction(sparse)
+            else:
+                interacted = self.interaction(sparse[:, 0], sparse[:, 1:])
+        else:
+            embedded_dense = self.dense_arch(dense.to(self.compute_dtype))  # (B, D)
+            interacted = self.interaction(embedded_dense, sparse)
+        logits = self.over_arch(interacted).squeeze(1)  # (B,)
+        return torch.sigmoid(logits.float())
+
+    def table_bytes(self) -> dict[str, int]:
+        """Bytes of every quantized table."""
+        out: dict[str, int] = {}
+        for shard in self.shards:
+            assert isinstance(shard, QuantEmbeddingBagCollection)
+            out.update(shard.nbytes())
+        return out
+
+
+class Int8DynamicLinear(nn.Module):
+    """A Linear layer with INT8 weights and INT8 activations quantized at run time.
+
+    Weights: symmetric, one scale per output channel. Activations: symmetric, one scale per
+    row, computed for every call ("dynamic"). The product accumulates in int32
+    (``torch._int_mm``, an aten op, so the layer exports)::
+
+        y = (q(x) @ W_q^T) * s_x * s_w + b        q(x) = round(x / s_x), s_x = max|x| / 127
+
+    Args:
+        linear: the FP32 layer to convert.
+    """
+
+    weight_int8: torch.Tensor
+    weight_scale: torch.Tensor
+    bias: torch.Tensor
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        weight = linear.weight.detach().float()  # (out, in)
+        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # (out,)
+        q = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self.register_buffer("weight_int8", q.t().contiguous())  # (in, out)
+        self.register_buffer("weight_scale", scale)
+        bias = linear.bias.detach().float() if linear.bias is not None else \
+            torch.zeros(weight.shape[0])
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        scale = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0  # (B, 1)
+        q = torch.round(x / scale).clamp(-127, 127).to(torch.int8)  # (B, in)
+        acc = torch._int_mm(q, self.weight_int8)  # (B, out) int32
+        return acc.float() * scale * self.weight_scale + self.bias
+
+
+def dense_int8(module: nn.Module) -> nn.Module:
+    """``module`` with every Linear layer replaced by an :class:`Int8DynamicLinear` (in place)."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(module, name, Int8DynamicLinear(child))
+        else:
+            dense_int8(child)
+    return module

@@ -1,0 +1,286 @@
+"""Load and run a ctrctl serving artifact with torch, fbgemm_gpu and safetensors alone.
+
+This file is copied into every artifact as ``serving.py`` and must not import ctrctl: it
+imports only torch, safetensors, json and hashlib (and fbgemm_gpu, which registers the
+embedding kernel's op, when the program uses it). Loading checks the manifest and the
+sha256 and size of every file before anything is read, so a tampered, truncated or swapped
+file is an :class:`ArtifactError` naming it; tensors come from safetensors and the program
+from ``torch.export`` with no weights and no example inputs in it, so nothing is unpickled.
+
+Folder::
+
+    manifest.json            format, files (sha256, bytes), input contract, state layout
+    program.pt2              torch.export program: (dense, ids, lengths) -> probabilities
+    dense.safetensors        the dense layers' parameters
+    tables/shard-00000.safetensors ...   one file of quantized tables per serving shard
+    serving_plan.json        which shard holds which table
+    serving.py               this loader
+
+Example:
+    >>> import serving
+    >>> model = serving.load("export")
+    >>> model.predict_records([{"I1": "3", "C1": "68fd1e64", ...}])     # [0.031, ...]
+    >>> model.score(dense, ids, lengths)                                # (B,) tensor
+"""
+
+import hashlib
+import json
+
+import torch
+from safetensors.torch import load_file
+
+FORMAT = "ctrctl.export"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class ArtifactError(Exception):
+    """A serving artifact that cannot be used: what is wrong, and in which file."""
+
+
+def sha256_file(path, chunk=1 << 20):
+    """The hex sha256 of a file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while True:
+            block = handle.read(chunk)
+            if not block:
+                break
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _join(folder, relative):
+    return str(folder).rstrip("/") + "/" + relative
+
+
+def verify(folder):
+    """Read the manifest and check every file it lists (size, then sha256); return it."""
+    where = _join(folder, MANIFEST)
+    try:
+        with open(where) as handle:
+            manifest = json.load(handle)
+    except FileNotFoundError:
+        raise ArtifactError(f"{where}: no manifest: not a ctrctl serving artifact") from None
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{where}: the manifest is not valid JSON ({exc})") from None
+    if manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{where}: format {manifest.get('format')!r} is not {FORMAT!r}")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(f"{where}: format version {manifest.get('format_version')} is "
+                            f"not supported (this loader reads {FORMAT_VERSION})")
+    for relative, entry in sorted(manifest.get("files", {}).items()):
+        path = _join(folder, relative)
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(0, 2)
+                size = handle.tell()
+        except FileNotFoundError:
+            raise ArtifactError(f"{path}: missing (the manifest lists it)") from None
+        if size != entry["bytes"]:
+            raise ArtifactError(f"{path}: {size} bytes where the manifest says "
+                                f"{entry['bytes']}: the file is truncated or replaced")
+        if sha256_file(path) != entry["sha256"]:
+            raise ArtifactError(f"{path}: sha256 differs from the manifest's: the file was "
+                                "modified or swapped with another")
+    return manifest
+
+
+class ServingModel:
+    """A loaded artifact: :meth:`score` for model inputs, :meth:`predict_records` for raw rows.
+
+    Attributes:
+        manifest: the artifact's manifest.
+        contract: the input contract (features, order, hash sizes or vocabularies,
+            dense transforms).
+    """
+
+    def __init__(self, folder, manifest, module, vocabularies):
+        self.folder = folder
+        self.manifest = manifest
+        self.contract = manifest["input"]
+        self.module = module
+        self._vocab = vocabularies
+        self._sizes = torch.tensor([f["num_embeddings"] for f in self.contract["sparse"]],
+                                   dtype=torch.int64)
+
+    # ---- model inputs ---------------------------------------------------------------------
+    def check_inputs(self, dense, ids, lengths):
+        """Raise :class:`ArtifactError` for inputs of the wrong shape or ids out of range."""
+        num_sparse = len(self.contract["sparse"])
+        num_dense = len(self.contract["dense"])
+        if dense.dim() != 2 or dense.size(1) != num_dense:
+            raise ArtifactError(f"dense must be (B, {num_dense}), got {tuple(dense.shape)}")
+        batch = dense.size(0)
+        if lengths.numel() != num_sparse * batch:
+            raise ArtifactError(f"lengths must hold {num_sparse} x {batch} entries "
+                                f"(features x batch, key-major), got {lengths.numel()}")
+        if int(lengths.sum()) != ids.numel():
+            raise ArtifactError(f"lengths sum to {int(lengths.sum())} but {ids.numel()} ids "
+                                "were given")
+        if ids.numel():
+            per_feature = lengths.view(num_sparse, batch).sum(1)
+            limit = torch.repeat_interleave(self._sizes, per_feature)
+            bad = (ids < 0) | (ids >= limit)
+            if bool(bad.any()):
+                first = int(bad.nonzero()[0, 0])
+                feature = int(torch.searchsorted(per_feature.cumsum(0), first, right=True))
+                name = self.contract["sparse"][feature]["name"]
+                raise ArtifactError(f"id {int(ids[first])} of feature {name!r} is outside "
+                                    f"[0, {int(self._sizes[feature])})")
+
+    def score(self, dense, ids, lengths):
+        """Click probabilities (B,) for model inputs in the contract's order.
+
+        Args:
+            dense: (B, F_dense) float32, already transformed.
+            ids: (N,) int64, feature after feature in ``contract["order"]``.
+            lengths: (F * B,) int64, ids per (feature, sample), key-major.
+        """
+        dense = dense.to(torch.float32)
+        ids, lengths = ids.to(torch.int64), lengths.to(torch.int64)
+        self.check_inputs(dense, ids, lengths)
+        with torch.no_grad():
+            return self.module(dense, ids, lengths)
+
+    # ---- raw rows ---------------------------------------------------------------------------
+    def encode(self, records):
+        """Raw rows (a list of dicts: feature -> raw value) -> (dense, ids, lengths)."""
+        rows = list(records)
+        dense_cols = []
+        for feature in self.contract["dense"]:
+            dense_cols.append(_dense_column(feature, [r.get(feature["name"]) for r in rows]))
+        if dense_cols:
+            dense = torch.stack(dense_cols, dim=1)
+        else:
+            dense = torch.zeros(len(rows), 0)
+        ids, lengths = [], []
+        for feature in self.contract["sparse"]:
+            for row in rows:
+                keys = _sparse_ids(feature, row.get(feature["name"]),
+                                   self._vocab.get(feature["name"]))
+                ids.extend(keys)
+                lengths.append(len(keys))
+        return dense, torch.tensor(ids, dtype=torch.int64), torch.tensor(lengths,
+                                                                          dtype=torch.int64)
+
+    def predict_records(self, records):
+        """Click probabilities (a list of floats) for raw rows."""
+        rows = list(records)
+        if not rows:
+            return []
+        return self.score(*self.encode(rows)).tolist()
+
+
+def _missing(value):
+    return value is None or value == "" or (isinstance(value, float) and value != value)
+
+
+def _dense_column(feature, values):
+    fill = float(feature.get("fill", 0.0))
+    parsed = []
+    for value in values:
+        if _missing(value):
+            parsed.append(fill)
+            continue
+        try:
+            parsed.append(float(value))
+        except (TypeError, ValueError):
+            raise ArtifactError(f"dense feature {feature['name']!r}: {value!r} is not a "
+                                "number") from None
+    column = torch.tensor(parsed, dtype=torch.float64)
+    transform = feature.get("transform", "none")
+    if transform == "log1p":
+        column = column.clamp(min=0.0).log1p()
+    elif transform == "clip":
+        low, high = feature["clip"]
+        column = column.clamp(low, high)
+    return column.to(torch.float32)
+
+
+def _key(feature, text):
+    kind = feature.get("type")
+    try:
+        if kind == "hex":
+            return int(str(text), 16)
+        if kind in ("int", "id"):
+            return int(float(text)) if isinstance(text, float) else int(str(text))
+    except ValueError:
+        raise ArtifactError(f"sparse feature {feature['name']!r}: {text!r} is not a "
+                            f"{kind} value") from None
+    return str(text)
+
+
+def _sparse_ids(feature, value, vocabulary):
+    separator = feature.get("separator")
+    keys: list = []
+    if _missing(value):
+        keys = [] if separator else [None]
+    elif separator:
+        keys = [part for part in str(value).split(separator) if part != ""]
+    else:
+        keys = [value]
+    mode, size = feature["mode"], feature["num_embeddings"]
+    out = []
+    for raw in keys:
+        if mode == "id":
+            key = 0 if raw is None else _key(feature, raw)
+            if not 0 <= key < size:
+                raise ArtifactError(f"id {key} of feature {feature['name']!r} is outside "
+                                    f"[0, {size})")
+            out.append(key)
+        elif mode == "hash":
+            if feature.get("type") == "string":
+                raise ArtifactError(f"feature {feature['name']!r} hashes strings with "
+                                    "polars' hash, which this loader does not reproduce: "
+                                    "send ids (score) for it")
+            out.append(0 if raw is None else _key(feature, raw) % size)  # floor modulo
+        else:
+            name = "null" if raw is None else str(_key(feature, raw))
+            out.append(int(vocabulary.get(name, 0)))
+    return out
+
+
+def load(folder, device="cpu"):
+    """Verify and load an artifact folder; returns a :class:`ServingModel`."""
+    manifest = verify(folder)
+    program = manifest["program"]
+    if program.get("needs_fbgemm"):
+        try:
+            import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
+        except Exception as exc:
+            raise ArtifactError(f"the program runs FBGEMM's embedding kernel but fbgemm_gpu "
+                                f"does not import: {exc}") from None
+    state = {}
+    for relative, entry in sorted(manifest["files"].items()):
+        if not relative.endswith(".safetensors"):
+            continue
+        tensors = load_file(_join(folder, relative), device=str(device))
+        expected = set(entry.get("tensors", []))
+        if set(tensors) != expected:
+            raise ArtifactError(f"{_join(folder, relative)}: holds tensors "
+                                f"{sorted(tensors)[:4]}... where the manifest lists "
+                                f"{sorted(expected)[:4]}...")
+        state.update(tensors)
+    exported = torch.export.load(_join(folder, program["file"]))
+    layout = program["state"]
+    missing = sorted(set(layout) - set(state))
+    if missing:
+        raise ArtifactError(f"{folder}: no file holds the program's state {missing[:4]}")
+    for name, spec in layout.items():
+        tensor = state[name]
+        if list(tensor.shape) != spec["shape"] or str(tensor.dtype) != spec["dtype"]:
+            raise ArtifactError(f"{folder}: tensor {name!r} is {tuple(tensor.shape)} "
+                                f"{tensor.dtype}, the program wants {spec['shape']} "
+                                f"{spec['dtype']}")
+        if name not in exported.state_dict:
+            raise ArtifactError(f"{folder}: the program has no state {name!r}")
+        if isinstance(exported.state_dict[name], torch.nn.Parameter):
+            tensor = torch.nn.Parameter(tensor, requires_grad=False)
+        exported.state_dict[name] = tensor
+    vocabularies = {}
+    for feature in manifest["input"]["sparse"]:
+        if feature["mode"] == "vocab":
+            with open(_join(folder, feature["vocabulary"])) as handle:
+                vocabularies[feature["name"]] = json.load(handle)
+    return ServingModel(folder, manifest, exported.module(), vocabularies)

@@ -1,0 +1,77 @@
+"""``ctrctl quantize`` and ``ctrctl predict`` end to end, as real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from ctrctl.cli.app import main
+from tests.inference.conftest import Trained, trained  # noqa: F401  (the shared checkpoint)
+
+CTRCTL = str(Path(sys.executable).parent / "ctrctl")
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["COLUMNS"] = "200"
+    return subprocess.run([CTRCTL, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+
+
+def test_quantize_and_predict_in_process(trained: Trained, tmp_path: Path,  # noqa: F811
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    export = tmp_path / "export"
+    code = main(["quantize", "--checkpoint", str(trained.run), "--dtype", "int4",
+                 "--per-table", "C1=fp16", "--shards", "2", "--out", str(export), "--no-track"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "C1" in err and "fp16" in err and "serving placement" in err
+    assert main(["quantize", "--checkpoint", str(trained.run), "--out", str(tmp_path / "x"),
+                 "--device-memory-gb", "0.000001", "--no-track"]) == 1
+    assert "fits on no shard" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    scores = tmp_path / "scores.parquet"
+    assert main(["predict", "--model", str(export), "--dataset", str(trained.dataset.path),
+                 "--out", str(scores)]) == 0
+    assert "rows/s" in capsys.readouterr().err
+    assert pq.read_table(scores).column_names == ["label", "score"]
+    assert main(["predict", "--model", str(export), "--out", str(scores)]) == 1
+    assert "one of --dataset and --input" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_quantize_predict_eval(trained: Trained, tmp_path: Path) -> None:  # noqa: F811
+    export = tmp_path / "export"
+    done = _run(["quantize", "--checkpoint", str(trained.run), "--dtype", "int8",
+                 "--per-table", "C5=int4", "--shards", "2", "--device-memory-gb", "0.001",
+                 "--out", str(export), "--no-track"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "C5" in done.stderr and "int4" in done.stderr and "serving placement" in done.stderr
+    manifest = json.loads((export / "manifest.json").read_text())
+    assert manifest["quantization"]["num_shards"] == 2
+
+    again = _run(["quantize", "--checkpoint", str(trained.run), "--out", str(export),
+                  "--no-track"], tmp_path)
+    assert again.returncode == 1 and "--overwrite" in again.stderr
+
+    too_small = _run(["quantize", "--checkpoint", str(trained.run), "--out",
+                      str(tmp_path / "x"), "--device-memory-gb", "0.000001", "--no-track"],
+                     tmp_path)
+    assert too_small.returncode == 1 and "fits on no shard" in too_small.stderr
+    assert not (tmp_path / "x").exists()
+
+    scores = tmp_path / "scores.parquet"
+    done = _run(["predict", "--model", str(export), "--dataset", str(trained.dataset.path),
+                 "--split", "test", "--out", str(scores)], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rows/s" in done.stderr
+    assert pq.read_table(scores).num_rows == 600
+
+    done = _run(["eval", "--predictions", str(scores), "--out", str(tmp_path / "eval"),
+                 "--no-track"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
