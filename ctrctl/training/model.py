@@ -75,6 +75,8 @@ def build_model(config: PipelineConfig, manifest: DatasetManifest,
         device=device,
         seed=config.training.seed,
         dense_autocast=config.training.bf16,
+        cached_tables=m.cached_tables,
+        cache_dir=m.cache_dir,
     )
 
 
@@ -92,6 +94,8 @@ def dlrm_from_manifest(
     backend: Backend | str = "auto",
     seed: int | None = 0,
     dense_autocast: bool = False,
+    cached_tables: dict[str, float] | None = None,
+    cache_dir: str | None = None,
 ) -> DLRM:
     """A DLRM for a preprocessed dataset: one table per sparse feature, named as the feature.
 
@@ -103,6 +107,8 @@ def dlrm_from_manifest(
         optimizer: the fused embedding optimizer.
         pooling: pooling of every table (multi-hot features use it).
         device, backend, seed: see :class:`EmbeddingBagCollection`.
+        cached_tables: table name -> cache load factor of tables kept on disk with a DRAM row
+            cache (``"*"``: every table not named); ``cache_dir`` where their files go.
 
     Example:
         >>> model = dlrm_from_manifest(DatasetManifest.load("data/criteo"), 64,
@@ -120,8 +126,18 @@ def dlrm_from_manifest(
         )
         for feature in manifest.sparse
     ]
+    cached = dict(cached_tables or {})
+    every = cached.pop("*", None)
+    unknown = sorted(set(cached) - {t.name for t in tables})
+    if unknown:
+        raise ConfigError(f"model.cached_tables names unknown tables {unknown}",
+                          hint=f"tables are named as the sparse features: "
+                          f"{[t.name for t in tables][:8]}")
+    if every is not None:
+        cached = {t.name: cached.get(t.name, every) for t in tables}
     ebc = EmbeddingBagCollection(
-        tables, optimizer=optimizer, device=device, backend=backend, seed=seed
+        tables, optimizer=optimizer, device=device, backend=backend, seed=seed,
+        cached_tables=cached, cache_dir=cache_dir,
     )
     model = DLRM(
         ebc,

@@ -304,3 +304,68 @@ def test_counters_match_a_brute_force_lru_model(tmp_path: Path) -> None:
         assert cache.slot_row[s * cache.ways : (s + 1) * cache.ways].tolist() == [
             -1 if t is None else t for t in model.tag[s]
         ]
+
+
+def _ebc_tables() -> list:
+    from ctrctl.modules import EmbeddingBagConfig
+
+    return [EmbeddingBagConfig("big", 3000, 8, ["f_big"]),
+            EmbeddingBagConfig("small", 50, 8, ["f_small"]),
+            EmbeddingBagConfig("other", 800, 8, ["f_other"])]
+
+
+def _kjt(seed: int):  # type: ignore[no-untyped-def]
+    from ctrctl.sparse import KeyedJaggedTensor
+
+    rng = np.random.default_rng(seed)
+    keys, rows = ["f_small", "f_big", "f_other"], [50, 3000, 800]  # not in config order
+    lengths = rng.integers(0, 3, size=3 * 16)
+    values = np.concatenate([_zipf(rng, r, int(lengths[i * 16 : (i + 1) * 16].sum()))
+                             for i, r in enumerate(rows)])
+    return KeyedJaggedTensor.from_lengths_sync(keys, torch.from_numpy(values),
+                                               torch.from_numpy(lengths))
+
+
+def test_collection_with_cached_tables_matches_resident_and_round_trips(tmp_path: Path) -> None:
+    from ctrctl.modules import EmbeddingBagCollection
+    from ctrctl.modules.cached_embedding import table_seed
+
+    optimizer = EmbeddingOptimizerConfig(lr=0.2)
+    load = {"big": 0.05, "other": 0.2}
+    cached = EmbeddingBagCollection(_ebc_tables(), optimizer, backend="torch", seed=4,
+                                    cached_tables=load, cache_dir=str(tmp_path))
+    assert sorted(cached.backends()) == ["cached", "torch"]
+    ref = EmbeddingBagCollection(_ebc_tables(), optimizer, backend="torch", seed=4)
+    weights = ref.embedding_bag_weights()
+    weights["small"].copy_(cached.embedding_bag_weights()["small"])
+    for cfg in _ebc_tables():
+        if cfg.name in load:
+            weights[cfg.name].copy_(hashed_init_weight(cfg.num_embeddings, cfg.embedding_dim,
+                                                       table_seed(4, cfg.name), cfg.init_range))
+    cached.prefetch(_kjt(0))
+    for step in range(8):
+        out = cached(_kjt(step))
+        cached.prefetch(_kjt(step + 1))
+        expected = ref(_kjt(step))
+        assert torch.equal(out.values(), expected.values())
+        out.values().square().sum().backward()
+        expected.values().square().sum().backward()
+    assert set(cached.cache_counters()) == {"big", "other"}
+    assert all(c["forward_misses"] == 0 for c in cached.cache_counters().values())
+    # state_dict (what checkpoints save) flushes the cache first and shows whole tables.
+    state = cached.state_dict()
+    for name, weight in ref.embedding_bag_weights().items():
+        assert torch.equal(state[f"embedding_bags.{name}.weight"], weight)
+    for name, opt in ref.optimizer_state().items():
+        assert torch.equal(cached.optimizer_state()[name]["momentum1"], opt["momentum1"])
+    # ... and a cached collection resumes from a resident one's state.
+    fresh = EmbeddingBagCollection(_ebc_tables(), optimizer, backend="torch", seed=99,
+                                   cached_tables=load, cache_dir=str(tmp_path))
+    fresh.load_state_dict(ref.state_dict())
+    fresh.load_optimizer_state(ref.optimizer_state())
+    out, expected = fresh(_kjt(20)), ref(_kjt(20))
+    assert torch.equal(out.values(), expected.values())
+    out.values().sum().backward()
+    expected.values().sum().backward()
+    for name, weight in ref.embedding_bag_weights().items():
+        assert torch.equal(fresh.embedding_bag_weights()[name], weight)
