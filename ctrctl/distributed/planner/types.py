@@ -166,6 +166,8 @@ class ShardingOption:
     bwd_comms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     hbm: np.ndarray = field(default_factory=lambda: np.zeros(0))
     ddr: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: bytes per shard on disk (``fused_cached``: the whole shard; empty for other kernels).
+    disk: np.ndarray = field(default_factory=lambda: np.zeros(0))
     pooled_bytes: float = 0.0
 
     @property
