@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+import time
 import zlib
 from collections import deque
 from collections.abc import Sequence
@@ -249,6 +250,8 @@ class CachedEmbeddingBag(nn.Module):
         self._queued: deque[_Batch] = deque()
         self._in_flight: list[tuple[int, _TableLookup]] = []
         self.forward_misses = [0] * n
+        #: Seconds spent in cache lookups (prefetches on the worker and inline ones).
+        self.lookup_seconds = 0.0
         self._trigger = torch.zeros(0, requires_grad=True)
 
     # ---- batches ------------------------------------------------------------------------
@@ -271,6 +274,14 @@ class CachedEmbeddingBag(nn.Module):
         return segment_ranges(feature_offsets, chosen, chosen + 1)
 
     def _lookup_all(self, indices: torch.Tensor, offsets: torch.Tensor) -> list[_TableLookup]:
+        start = time.perf_counter()
+        try:
+            return self._lookup_tables(indices, offsets)
+        finally:
+            self.lookup_seconds += time.perf_counter() - start
+
+    def _lookup_tables(self, indices: torch.Tensor, offsets: torch.Tensor
+                       ) -> list[_TableLookup]:
         batch = self._check(indices, offsets)
         out = []
         for t, (rows, _) in enumerate(self.tables):
