@@ -50,8 +50,11 @@ WAYS = 32
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
-#: Bytes of untouched-row reads after which the file mappings drop their resident pages.
+#: Bytes of file pages touched after which the mappings drop their resident pages.
 _TRIM_BYTES = 256 << 20
+_PAGE = mmap.PAGESIZE
+#: Rows read or written per step, so that at most ~_TRIM_BYTES of file pages stay mapped.
+_CHUNK = 8192
 
 
 class CacheError(CtrctlError):
@@ -146,29 +149,31 @@ class RowFile:
         """Weights and states of ``ids``, and how many of them came from the file."""
         weight = self.initial(ids)
         states = {k: np.zeros((ids.size, *s), dtype=np.float32) for k, s in self.state_shapes.items()}
-        on_disk = self.touched[ids]
-        stored = ids[on_disk]
-        if stored.size:
-            weight[on_disk] = self.weight[stored]
+        where = np.nonzero(self.touched[ids])[0]
+        for start in range(0, where.size, _CHUNK):  # chunks: mapped pages are trimmed between
+            part = where[start : start + _CHUNK]
+            stored = ids[part]
+            weight[part] = self.weight[stored]
             for k, array in self.states.items():
-                states[k][on_disk] = array[stored]
-        self._count(stored.size)
-        return weight, states, int(stored.size)
+                states[k][part] = array[stored]
+            self._count(stored.size)
+        return weight, states, int(where.size)
 
     def write(self, ids: np.ndarray, weight: np.ndarray, states: Mapping[str, np.ndarray]) -> None:
         """Store rows ``ids`` (distinct)."""
-        if not ids.size:
-            return
-        self.weight[ids] = weight
-        for k, array in self.states.items():
-            array[ids] = states[k]
-        self.touched[ids] = True
-        self._count(ids.size)
+        for start in range(0, ids.size, _CHUNK):
+            part = slice(start, start + _CHUNK)
+            self.weight[ids[part]] = weight[part]
+            for k, array in self.states.items():
+                array[ids[part]] = states[k][part]
+            self.touched[ids[part]] = True
+            self._count(ids[part].size)
 
     def _count(self, rows: int) -> None:
         # Pages of a shared file mapping count in the process's RSS while mapped; drop them
-        # now and then (the data stays in the page cache and on disk).
-        self._since_trim += rows * self.row_bytes
+        # now and then (the data stays in the page cache and on disk). Rows far apart touch
+        # a page each, in every file.
+        self._since_trim += rows * _PAGE * len(self._maps)
         if self._since_trim > _TRIM_BYTES:
             self.trim()
 
