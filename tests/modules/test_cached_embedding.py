@@ -369,3 +369,45 @@ def test_collection_with_cached_tables_matches_resident_and_round_trips(tmp_path
     expected.values().sum().backward()
     for name, weight in ref.embedding_bag_weights().items():
         assert torch.equal(fresh.embedding_bag_weights()[name], weight)
+
+
+def test_model_config_asks_for_cached_tables_and_checkpoints_see_whole_tables(
+    tmp_path: Path,
+) -> None:
+    from pydantic import ValidationError
+
+    from ctrctl.config import ModelConfig
+    from ctrctl.data.manifest import DatasetManifest, DenseFeature, SparseFeature, SplitInfo
+    from ctrctl.sparse import KeyedJaggedTensor
+    from ctrctl.training.model import dlrm_from_manifest, table_shards
+
+    with pytest.raises(ValidationError, match="cached_tables"):
+        ModelConfig(cached_tables={"C1": 0.0})
+    manifest = DatasetManifest(
+        label="label",
+        dense=(DenseFeature("I0"),),
+        sparse=(SparseFeature("C1", "hash", 4000), SparseFeature("C2", "vocab", 30)),
+        splits={"train": SplitInfo(rows=10, label_rate=0.5)},
+    )
+    model = dlrm_from_manifest(manifest, 4, [4], [4, 1], backend="torch",
+                               cached_tables={"*": 0.05, "C2": 1.0}, cache_dir=str(tmp_path))
+    assert model.sparse_arch.backends() == ["cached"]
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            ["C1", "C2"],
+            torch.from_numpy(np.concatenate([_zipf(rng, 4000, 64), rng.integers(0, 30, 64)])),
+            torch.ones(128, dtype=torch.long))
+        model(torch.randn(64, 1), kjt).sum().backward()
+    shards = {s.table: s for s in table_shards(model)}
+    assert {k: tuple(s.weight.shape) for k, s in shards.items()} == {"C1": (4000, 4),
+                                                                       "C2": (30, 4)}
+    resident = dlrm_from_manifest(manifest, 4, [4], [4, 1], backend="torch")
+    resident.sparse_arch.load_embedding_bag_weights({k: s.weight for k, s in shards.items()})
+    resident.sparse_arch.load_optimizer_state({k: s.optimizer_state for k, s in shards.items()})
+    resident.load_state_dict({k: v for k, v in model.state_dict().items()
+                              if not k.startswith("sparse_arch")}, strict=False)
+    with torch.no_grad():
+        assert torch.equal(model(torch.ones(64, 1), kjt), resident(torch.ones(64, 1), kjt))
+    with pytest.raises(Exception, match="unknown tables"):
+        dlrm_from_manifest(manifest, 4, [4], [4, 1], cached_tables={"C9": 0.5})
