@@ -199,7 +199,8 @@ class TableConstraintConfig(_Section):
         compute_kernels: allowed compute kernels (``fused``, ``fused_uvm_caching`` ...).
         min_col_block: narrowest column block for column-wise sharding.
         ranks: the only ranks that may hold the table's shards.
-        cache_load_factor: fraction of rows a ``fused_uvm_caching`` table keeps on device.
+        cache_load_factor: fraction of rows a ``fused_uvm_caching`` table keeps on device (a
+            ``fused_cached`` one in DRAM, CPU).
 
     Example:
         >>> TableConstraintConfig.model_validate({"sharding_types": ["row_wise"]}).ranks
