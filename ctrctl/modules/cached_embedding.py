@@ -37,8 +37,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import tempfile
 import time
+import weakref
 import zlib
 from collections import deque
 from collections.abc import Sequence
@@ -237,6 +239,7 @@ class CachedEmbeddingBag(nn.Module):
         else:
             Path(cache_dir).mkdir(parents=True, exist_ok=True)
             directory = Path(tempfile.mkdtemp(prefix="tables-", dir=cache_dir))
+            weakref.finalize(self, shutil.rmtree, directory, True)  # scratch, like the above
         self.directory = directory
         self.caches: list[SetAssociativeRowCache] = []
         for t, (rows, dim) in enumerate(self.tables):

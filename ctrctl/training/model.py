@@ -158,6 +158,12 @@ def wrap_model(model: nn.Module, plan: ShardingPlan | None, process_group: Any) 
     The one place where the trainer meets DistributedModelParallel; ``plan`` None asks it
     for its default plan.
     """
+    cached = [name for _, m in _embedding_modules(model) if isinstance(m, EmbeddingBagCollection)
+              for name in m.cache_counters()]
+    if cached:
+        raise ConfigError(f"tables {cached} are cached (model.cached_tables), and cached "
+                          "tables are not sharded yet",
+                          hint="train them with --nproc-per-node 1, or drop model.cached_tables")
     try:
         from ctrctl.distributed.model_parallel import DistributedModelParallel
     except ImportError as exc:
