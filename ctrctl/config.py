@@ -74,6 +74,10 @@ class ModelConfig(_Section):
         interaction: ``dot`` (pairwise dot products, DLRM) or ``dcn`` (DCNv2 cross layers).
         dcn_layers: number of cross layers when ``interaction: dcn``.
         dcn_rank: low-rank width of each cross layer's weight (0: full rank).
+        cached_tables: table (= sparse feature) name -> cache load factor, for tables kept
+            in a sparse file on disk with that share of their rows cached in DRAM (the
+            ``fused_cached`` kernel, one process on CPU); ``"*"`` names every other table.
+        cache_dir: where cached tables' files go (default: the system's temporary folder).
     """
 
     embedding_dim: int = Field(default=16, gt=0)
@@ -82,9 +86,14 @@ class ModelConfig(_Section):
     interaction: Literal["dot", "dcn"] = "dot"
     dcn_layers: int = Field(default=2, ge=1)
     dcn_rank: int = Field(default=16, ge=0)
+    cached_tables: dict[str, float] = Field(default_factory=dict)
+    cache_dir: str | None = None
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
+        bad = {k: v for k, v in self.cached_tables.items() if not 0 < v <= 1}
+        if bad:
+            raise ValueError(f"cached_tables load factors must be in (0, 1], got {bad}")
         if any(size <= 0 for size in self.dense_arch):
             raise ValueError("dense_arch must be a list of positive sizes")
         if self.dense_arch and self.dense_arch[-1] != self.embedding_dim:
@@ -334,7 +343,8 @@ class TableConstraintConfig(_Section):
         compute_kernels: allowed compute kernels (``fused``, ``fused_uvm_caching`` ...).
         min_col_block: narrowest column block for column-wise sharding.
         ranks: the only ranks that may hold the table's shards.
-        cache_load_factor: fraction of rows a ``fused_uvm_caching`` table keeps on device.
+        cache_load_factor: fraction of rows a ``fused_uvm_caching`` table keeps on device (a
+            ``fused_cached`` one in DRAM, CPU).
 
     Example:
         >>> TableConstraintConfig.model_validate({"sharding_types": ["row_wise"]}).ranks

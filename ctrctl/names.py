@@ -36,5 +36,8 @@ class ComputeKernel(str, Enum):
     FUSED_UVM_CACHING = "fused_uvm_caching"
     #: Weights in host memory, read directly.
     FUSED_UVM = "fused_uvm"
+    #: CPU: the whole table in a sparse file on disk, a DRAM cache of hot rows (its share of
+    #: rows is the table's ``cache_load_factor``), prefetched by the pipeline.
+    FUSED_CACHED = "fused_cached"
     #: Quantized inference kernels.
     QUANT = "quant"

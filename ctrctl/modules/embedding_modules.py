@@ -29,8 +29,9 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ctrctl.errors import CheckpointError, SparseInputError
+from ctrctl.errors import CheckpointError, ConfigError, SparseInputError
 from ctrctl.modules.batched_embedding import Backend, BatchedEmbeddingBag
+from ctrctl.modules.cached_embedding import CachedEmbeddingBag, table_seed
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig, check_unique_names
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.sparse import KeyedJaggedTensor, KeyedTensor
@@ -47,6 +48,10 @@ class EmbeddingBagCollection(nn.Module):
             otherwise), "fbgemm", "native" or "torch".
         seed: seed of the weight initialisation (uniform in each config's init range).
         bounds_check: FBGEMM's id check ("warning", "fatal", "none").
+        cached_tables: table name -> cache load factor for tables kept on disk with a DRAM
+            row cache (the ``fused_cached`` kernel, CPU, fp32). They initialise from
+            (``seed``, table name, row id), see :func:`~ctrctl.modules.cached_embedding.table_seed`.
+        cache_dir: where cached tables' files go (default the system's temporary folder).
 
     Example:
         >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig("t", 100, 8, ["f"])], seed=0)
@@ -61,40 +66,53 @@ class EmbeddingBagCollection(nn.Module):
         backend: Backend | str = "auto",
         seed: int | None = 0,
         bounds_check: str = "warning",
+        cached_tables: Mapping[str, float] | None = None,
+        cache_dir: str | None = None,
     ) -> None:
         super().__init__()
         check_unique_names(tables)
+        cached = dict(cached_tables or {})
+        unknown = sorted(set(cached) - {c.name for c in tables})
+        if unknown:
+            raise ConfigError(f"cached_tables names unknown tables {unknown}",
+                              where="EmbeddingBagCollection",
+                              hint=f"use table names: {[c.name for c in tables][:8]}")
         self._configs = list(tables)
         self.optimizer = optimizer or EmbeddingOptimizerConfig()
         self.device = torch.device(device or "cpu")
 
         # Group tables that can share one kernel, keeping the config order inside a group.
-        groups: dict[tuple[str, str], list[int]] = {}
+        groups: dict[tuple[str, str, bool], list[int]] = {}
         for t, cfg in enumerate(self._configs):
-            groups.setdefault((cfg.pooling, cfg.data_type), []).append(t)
+            groups.setdefault((cfg.pooling, cfg.data_type, cfg.name in cached), []).append(t)
         self._group_tables = list(groups.values())
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         self.bags = nn.ModuleList()
         self._input_features: list[str] = []  # kernel input order: by group, then table
         self._group_sizes: list[int] = []
         self._table_slot: dict[str, tuple[int, int]] = {}  # table -> (group, index in group)
-        for g, ((pooling, data_type), members) in enumerate(groups.items()):
+        for g, ((pooling, data_type, is_cached), members) in enumerate(groups.items()):
             configs = [self._configs[t] for t in members]
             feature_table_map = [i for i, c in enumerate(configs) for _ in c.feature_names]
-            weights = [c.init_weight(generator) for c in configs]
-            self.bags.append(
-                BatchedEmbeddingBag(
-                    [(c.num_embeddings, c.embedding_dim) for c in configs],
-                    feature_table_map,
-                    optimizer=self.optimizer,
-                    pooling=pooling,
-                    device=self.device,
-                    backend=backend,
-                    data_type=data_type,
-                    weights=weights,
-                    bounds_check=bounds_check,
+            if is_cached:
+                self.bags.append(_cached_bag(configs, feature_table_map, self.optimizer,
+                                             pooling, data_type, self.device, seed, cached,
+                                             cache_dir))
+            else:
+                weights = [c.init_weight(generator) for c in configs]
+                self.bags.append(
+                    BatchedEmbeddingBag(
+                        [(c.num_embeddings, c.embedding_dim) for c in configs],
+                        feature_table_map,
+                        optimizer=self.optimizer,
+                        pooling=pooling,
+                        device=self.device,
+                        backend=backend,
+                        data_type=data_type,
+                        weights=weights,
+                        bounds_check=bounds_check,
+                    )
                 )
-            )
             features = [f for c in configs for f in c.feature_names]
             self._input_features += features
             self._group_sizes.append(len(features))
@@ -162,6 +180,37 @@ class EmbeddingBagCollection(nn.Module):
             pooled = pooled.index_select(1, self._column_index.to(pooled.device))
         return KeyedTensor(self._feature_names, self._dims, pooled)  # (B, sum of dims)
 
+    # ---- cached tables ------------------------------------------------------------------
+
+    def _cached_bags(self) -> list[tuple[int, CachedEmbeddingBag]]:
+        return [(g, bag) for g, bag in enumerate(self.bags) if isinstance(bag, CachedEmbeddingBag)]
+
+    def prefetch(self, features: KeyedJaggedTensor) -> None:
+        """Start bringing a coming batch's rows into the caches of cached tables (no-op for
+        resident ones); call it for batch i+1 while batch i computes, with the same KJT."""
+        cached = self._cached_bags()
+        if not cached:
+            return
+        order = self._input_permutation(features.keys())
+        kjt = features if order is None else features.permute(order)
+        parts = kjt.split(self._group_sizes) if len(self.bags) > 1 else [kjt]
+        for g, bag in cached:
+            bag.prefetch(parts[g].values(), parts[g].offsets())
+
+    def flush(self) -> None:
+        """Write the cached tables' dirty rows to their files."""
+        for _, bag in self._cached_bags():
+            bag.flush()
+
+    def cache_counters(self) -> dict[str, dict[str, int]]:
+        """Per cached table name, its cache counters (see :class:`CachedEmbeddingBag`)."""
+        out = {}
+        for g, bag in self._cached_bags():
+            for cfg in self._configs:
+                if self._table_slot[cfg.name][0] == g:
+                    out[cfg.name] = bag.counters()[self._table_slot[cfg.name][1]]
+        return out
+
     # ---- configuration and state --------------------------------------------------------
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
@@ -176,7 +225,7 @@ class EmbeddingBagCollection(nn.Module):
         return list(self._dims)
 
     def backends(self) -> list[str]:
-        """The kernel each group runs on ("fbgemm", "native" or "torch")."""
+        """The kernel each group runs on ("fbgemm", "native", "torch" or "cached")."""
         return [bag.backend for bag in self._kernels()]
 
     def embedding_bag_weights(self) -> dict[str, torch.Tensor]:
@@ -245,6 +294,38 @@ class EmbeddingBagCollection(nn.Module):
         """Change the fused optimizer's learning rate for every table."""
         for bag in self._kernels():
             bag.set_learning_rate(lr)
+
+
+def _cached_bag(
+    configs: Sequence[EmbeddingBagConfig],
+    feature_table_map: list[int],
+    optimizer: EmbeddingOptimizerConfig,
+    pooling: str,
+    data_type: str,
+    device: torch.device,
+    seed: int | None,
+    load_factors: Mapping[str, float],
+    cache_dir: str | None,
+) -> CachedEmbeddingBag:
+    """The ``fused_cached`` kernel for a group of cached tables."""
+    where = f"EmbeddingBagCollection cached tables {[c.name for c in configs]}"
+    if device.type != "cpu":
+        raise ConfigError(f"cached tables run on CPU, not {device}", where=where,
+                          hint="keep them resident (fused) on CUDA")
+    if data_type != "fp32":
+        raise ConfigError(f"cached tables store fp32 only, not {data_type}", where=where)
+    base = seed if seed is not None else int(torch.randint(0, 2**31, ()).item())
+    return CachedEmbeddingBag(
+        [(c.num_embeddings, c.embedding_dim) for c in configs],
+        feature_table_map,
+        optimizer,
+        pooling,
+        cache_load_factor=[load_factors[c.name] for c in configs],
+        seeds=[table_seed(base, c.name) for c in configs],
+        init_ranges=[c.init_range for c in configs],
+        cache_dir=cache_dir,
+        names=[c.name for c in configs],
+    )
 
 
 def _save_per_table_weights(

@@ -31,6 +31,7 @@ from ctrctl.modules.batched_embedding import Backend
 from ctrctl.modules.dlrm import Interaction
 from ctrctl.modules.embedding_configs import PoolingType
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
+from ctrctl.names import ComputeKernel
 from ctrctl.training.optimizers import EMBEDDING_KINDS, embedding_optimizer
 
 __all__ = [
@@ -74,6 +75,8 @@ def build_model(config: PipelineConfig, manifest: DatasetManifest,
         device=device,
         seed=config.training.seed,
         dense_autocast=config.training.bf16,
+        cached_tables=m.cached_tables,
+        cache_dir=m.cache_dir,
     )
 
 
@@ -91,6 +94,8 @@ def dlrm_from_manifest(
     backend: Backend | str = "auto",
     seed: int | None = 0,
     dense_autocast: bool = False,
+    cached_tables: dict[str, float] | None = None,
+    cache_dir: str | None = None,
 ) -> DLRM:
     """A DLRM for a preprocessed dataset: one table per sparse feature, named as the feature.
 
@@ -102,6 +107,8 @@ def dlrm_from_manifest(
         optimizer: the fused embedding optimizer.
         pooling: pooling of every table (multi-hot features use it).
         device, backend, seed: see :class:`EmbeddingBagCollection`.
+        cached_tables: table name -> cache load factor of tables kept on disk with a DRAM row
+            cache (``"*"``: every table not named); ``cache_dir`` where their files go.
 
     Example:
         >>> model = dlrm_from_manifest(DatasetManifest.load("data/criteo"), 64,
@@ -119,8 +126,18 @@ def dlrm_from_manifest(
         )
         for feature in manifest.sparse
     ]
+    cached = dict(cached_tables or {})
+    every = cached.pop("*", None)
+    unknown = sorted(set(cached) - {t.name for t in tables})
+    if unknown:
+        raise ConfigError(f"model.cached_tables names unknown tables {unknown}",
+                          hint=f"tables are named as the sparse features: "
+                          f"{[t.name for t in tables][:8]}")
+    if every is not None:
+        cached = {t.name: cached.get(t.name, every) for t in tables}
     ebc = EmbeddingBagCollection(
-        tables, optimizer=optimizer, device=device, backend=backend, seed=seed
+        tables, optimizer=optimizer, device=device, backend=backend, seed=seed,
+        cached_tables=cached, cache_dir=cache_dir,
     )
     model = DLRM(
         ebc,
@@ -141,6 +158,19 @@ def wrap_model(model: nn.Module, plan: ShardingPlan | None, process_group: Any) 
     The one place where the trainer meets DistributedModelParallel; ``plan`` None asks it
     for its default plan.
     """
+    cached = [name for _, m in _embedding_modules(model) if isinstance(m, EmbeddingBagCollection)
+              for name in m.cache_counters()]
+    if plan is not None:
+        planned = sorted(n for n, p in plan.tables.items() if p.compute_kernel == ComputeKernel.FUSED_CACHED.value)
+        if planned:
+            raise ConfigError(f"the plan puts tables {planned} on the fused_cached kernel, "
+                              "which does not shard yet",
+                              hint="train them in one process with model.cached_tables, or "
+                              "plan with more ranks or memory")
+    if cached:
+        raise ConfigError(f"tables {cached} are cached (model.cached_tables), and cached "
+                          "tables are not sharded yet",
+                          hint="train them with --nproc-per-node 1, or drop model.cached_tables")
     try:
         from ctrctl.distributed.model_parallel import DistributedModelParallel
     except ImportError as exc:

@@ -87,9 +87,20 @@ class EmbeddingEnumerator(Enumerator):
             kernels = [ComputeKernel.DENSE.value]
         else:
             kernels = list(_TRAIN_KERNELS[self.topology.device])
+        cached = ComputeKernel.FUSED_CACHED.value
+        if (self.topology.device == "cpu" and sharding_type != ShardingType.DATA_PARALLEL.value
+                and (cached in (table.constraints.compute_kernels or ())
+                     or not self._fits_a_rank(table))):
+            kernels.append(cached)  # the disk tier: asked for, or the table fits no rank
         if table.constraints.compute_kernels:
             kernels = [k for k in kernels if k in table.constraints.compute_kernels]
         return kernels
+
+    def _fits_a_rank(self, table: TableSpec) -> bool:
+        """Whether the whole table with its optimizer state fits one rank's host memory."""
+        rows, dim = table.num_embeddings, table.embedding_dim
+        total = table.weight_bytes + table.state_bytes(rows, dim)
+        return total <= self.topology.ddr_available
 
     def enumerate(self, table: TableSpec) -> list[ShardingOption]:
         topo = self.topology
@@ -145,7 +156,8 @@ class EmbeddingEnumerator(Enumerator):
             same_shape = []
             for kernel in self.allowed_kernels(table, kind):
                 clf = None
-                if kernel == ComputeKernel.FUSED_UVM_CACHING.value:
+                if kernel in (ComputeKernel.FUSED_UVM_CACHING.value,
+                              ComputeKernel.FUSED_CACHED.value):
                     clf = table.constraints.cache_load_factor or topo.cache_load_factor
                 same_shape.append(ShardingOption(
                     table=table, sharding_type=kind, compute_kernel=kernel, rows=rows,

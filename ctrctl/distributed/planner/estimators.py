@@ -32,7 +32,10 @@ in a step, pooling factor ``P``, ``c`` columns, ``s`` bytes per element:
 * **storage**: weights + optimizer state (none for SGD, one float per row for row-wise
   Adagrad, 1x for Adagrad, 2x for Adam) + input/output buffers for two batches in flight
   (the train pipeline overlaps the next batch's input distribution). Cached kernels keep
-  ``cache_load_factor`` of weights and state on the device and all of it in host memory.
+  ``cache_load_factor`` of weights and state on the device and all of it in host memory;
+  on CPU, ``fused_cached`` keeps that share in host memory and all of it on disk
+  (``option.disk``), its lookups paying the misses (``1 - cache_load_factor``) at
+  :data:`DISK_BW`.
 
 Example:
     >>> price(option, topology, batch_size=512)   # fills option.fwd_compute, .hbm, ...
@@ -62,6 +65,11 @@ PIPELINE_DEPTH = 2
 # TorchRec measured these penalties for half and quarter blocks.
 _HALF_BLOCK_PENALTY = 1.15
 _QUARTER_BLOCK_PENALTY = 1.75
+
+
+#: Random-row bandwidth of the disk under a ``fused_cached`` table (bytes/s): a rough figure
+#: for an SSD serving rows through the page cache.
+DISK_BW = 1.0 * 2**30
 
 
 def _interp_by_dim(table: dict[str, float], cols: np.ndarray) -> np.ndarray:
@@ -104,6 +112,9 @@ def kernel_bandwidth(topology: Topology, kernel: str, cols: np.ndarray,
         if backward:
             base = base / topology.bwd_compute_factor
     if topology.device == "cpu":
+        if kernel == ComputeKernel.FUSED_CACHED.value:
+            clf = topology.cache_load_factor if cache_load_factor is None else cache_load_factor
+            return 1.0 / (1.0 / base + (1.0 - clf) / DISK_BW)
         return base * (0.5 if kernel == ComputeKernel.DENSE.value else 1.0)
     ratio = base / topology.hbm_bw  # the kernel's efficiency, carried to slower memories
     if kernel == ComputeKernel.FUSED_UVM_CACHING.value:
@@ -232,7 +243,12 @@ def _apply_kernel(option: ShardingOption, terms: _Terms, topology: Topology) -> 
         fwd_compute = fwd_compute + 0.5 * terms.output_s
         bwd_compute = bwd_compute + 0.5 * terms.output_s
     zeros = np.zeros_like(terms.io)
-    if topology.device == "cpu":
+    disk = zeros
+    if topology.device == "cpu" and kernel == ComputeKernel.FUSED_CACHED.value:
+        clf_value = topology.cache_load_factor if clf is None else clf
+        hbm, ddr = zeros, clf_value * terms.weights_state + terms.io
+        disk = np.broadcast_to(terms.weights_state, terms.io.shape).copy()
+    elif topology.device == "cpu":
         hbm, ddr = zeros, terms.weights_state + terms.io
     elif kernel == ComputeKernel.FUSED_UVM_CACHING.value:
         clf_value = topology.cache_load_factor if clf is None else clf
@@ -262,6 +278,13 @@ def _apply_kernel(option: ShardingOption, terms: _Terms, topology: Topology) -> 
     (option.fwd_compute, option.bwd_compute, option.fwd_comms, option.bwd_comms,
      option.hbm, option.ddr) = parts[:6]
     option.set_totals(parts[6], total_cost, storage)
+    if kernel == ComputeKernel.FUSED_CACHED.value:
+        disk = np.ceil(disk)
+        if terms.expand is not None:  # two distinct shards: (k - 1) alike plus the last
+            expanded = np.full(terms.expand.shape[0], disk[0])
+            expanded[-1] = disk[1]
+            disk = expanded
+        option.disk = disk
 
 
 def price(option: ShardingOption, topology: Topology, batch_size: int) -> ShardingOption:

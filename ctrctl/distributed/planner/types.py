@@ -56,7 +56,7 @@ class TableConstraints:
             dimension when it is smaller).
         ranks: the only ranks that may hold the table's shards (None: any rank).
         cache_load_factor: the fraction of rows a ``fused_uvm_caching`` table keeps on the
-            device (None: the topology's default).
+            device, or a ``fused_cached`` one in DRAM (None: the topology's default).
     """
 
     sharding_types: tuple[str, ...] | None = None
@@ -144,7 +144,7 @@ class ShardingOption:
         fixed_ranks: ranks the shards must sit on (row_wise, data_parallel), else None.
         host_local: every shard must sit on one host (table_row_wise, table_column_wise);
             with ``fixed_ranks`` those are offsets within the host.
-        cache_load_factor: for ``fused_uvm_caching``.
+        cache_load_factor: for ``fused_uvm_caching`` and ``fused_cached``.
         fwd_compute, bwd_compute, fwd_comms, bwd_comms: seconds per step per shard, ``(k,)``.
         hbm, ddr: bytes per shard on the device and in host memory, ``(k,)``.
         pooled_bytes: bytes of the table's pooled vectors per rank and step (batch x dim),
@@ -167,6 +167,8 @@ class ShardingOption:
     bwd_comms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     hbm: np.ndarray = field(default_factory=lambda: np.zeros(0))
     ddr: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: bytes per shard on disk (``fused_cached``: the whole shard; empty for other kernels).
+    disk: np.ndarray = field(default_factory=lambda: np.zeros(0))
     pooled_bytes: float = 0.0
 
     @property

@@ -1,0 +1,477 @@
+"""Embedding bags whose tables live on disk, with a DRAM cache of hot rows (CPU).
+
+The ``fused_cached`` kernel: each table (weights and the fused optimizer's per-row state) is a
+sparse memory-mapped file, and a :class:`~ctrctl.modules.row_cache.SetAssociativeRowCache`
+of ``cache_load_factor x rows`` slots holds the rows a batch reads and the optimizer updates.
+The lookup pools over cache slots instead of row ids::
+
+    batch ids ──prefetch──▶ unique ─▶ cache lookup (evict unlocked LRU, write back dirty,
+                                       read misses) ─▶ slot per id, slots locked
+    forward   embedding_bag(slot per id, cache.weight)
+    backward  sum grads per slot, fused update of cache rows, mark dirty, unlock
+
+``prefetch(indices, offsets)`` queues batch i+1's lookup on a worker thread while batch i
+computes; its forward then takes the slots ready-made (no misses in the forward). A forward
+without a queued prefetch does the lookup inline (slower, same result). Backward waits for a
+prefetch in flight before it updates rows, so the two never touch the cache at once.
+
+The numerics are the plain-torch kernel's (:mod:`ctrctl.modules.torch_embedding`): the same
+pooling, the same summation of repeated ids in the same order and
+:func:`~ctrctl.modules.optimizers.apply_sparse_update`, so a cached table trains to the same
+bits as a resident one that starts from :func:`hashed_init_weight`.
+
+Rules: one batch is in flight per forward (a forward whose backward never ran is released at
+the next forward; a forward without grad releases at once). Reading the weights
+(:meth:`CachedEmbeddingBag.split_weights`, hence ``state_dict``) flushes, writes the initial
+values of untouched rows, empties the cache and returns views of the files: a checkpoint of
+a cached table is as large as the table.
+
+Example:
+    >>> bag = CachedEmbeddingBag([(10_000_000, 64)], cache_load_factor=0.05,
+    ...                          optimizer=EmbeddingOptimizerConfig(lr=0.05))
+    >>> bag.prefetch(next_indices, next_offsets)      # overlaps this batch
+    >>> bag(indices, offsets).sum().backward()
+    >>> bag.counters()[0]["unique_misses"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+import time
+import weakref
+import zlib
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctrctl.errors import CheckpointError, ConfigError, SparseInputError
+from ctrctl.modules.optimizers import (
+    CPU_OPTIMIZERS,
+    EmbeddingOptimizerConfig,
+    apply_sparse_update,
+    unsupported_optimizer_error,
+)
+from ctrctl.modules.row_cache import WAYS, RowFile, SetAssociativeRowCache, hashed_uniform
+from ctrctl.sparse.ops import complete_cumsum, segment_ranges
+
+__all__ = ["CachedEmbeddingBag", "hashed_init_weight", "table_seed"]
+
+
+def table_seed(seed: int, name: str) -> int:
+    """The seed of table ``name`` in a collection seeded with ``seed``."""
+    return (int(seed) * 1_000_003 + zlib.crc32(name.encode())) & 0x7FFFFFFFFFFFFFFF
+
+
+def hashed_init_weight(rows: int, dim: int, seed: int, init_range: tuple[float, float],
+                       chunk: int = 1 << 16) -> torch.Tensor:
+    """A whole (rows, dim) table initialised by the (seed, row id) rule of cached tables."""
+    out = torch.empty(rows, dim)
+    for start in range(0, rows, chunk):
+        ids = np.arange(start, min(start + chunk, rows))
+        out[start : start + ids.size] = torch.from_numpy(hashed_uniform(seed, ids, dim, *init_range))
+    return out
+
+
+def _state_shapes(kind: str, dim: int) -> dict[str, tuple[int, ...]]:
+    if kind == "exact_rowwise_adagrad":
+        return {"momentum1": ()}
+    if kind == "exact_adagrad":
+        return {"momentum1": (dim,)}
+    return {}
+
+
+@dataclasses.dataclass
+class _TableLookup:
+    """One table's part of a batch: the slot of each id, and the distinct slots it locked."""
+
+    slot_per_id: torch.Tensor
+    locked: np.ndarray
+    forward_misses: int = 0
+    released: bool = False
+
+
+@dataclasses.dataclass
+class _Batch:
+    indices: torch.Tensor
+    offsets: torch.Tensor
+    lookups: Future[list[_TableLookup]] | list[_TableLookup]
+
+    def result(self) -> list[_TableLookup]:
+        if isinstance(self.lookups, Future):
+            self.lookups = self.lookups.result()
+        return self.lookups
+
+
+class _CachedLookup(torch.autograd.Function):
+    """embedding_bag over cache slots; backward updates the slots in place, then unlocks them."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        trigger: torch.Tensor,
+        kernel: CachedEmbeddingBag,
+        table: int,
+        lookup: _TableLookup,
+        offsets: torch.Tensor,
+        per_sample_weights: torch.Tensor | None,
+    ) -> torch.Tensor:
+        cache = kernel.caches[table]
+        slots = lookup.slot_per_id
+        pooled = F.embedding_bag(
+            slots, cache.weight, offsets, mode="sum",
+            per_sample_weights=per_sample_weights, include_last_offset=True,
+        )  # (bags, D)
+        lengths = offsets[1:] - offsets[:-1]
+        if kernel.pooling == "mean":
+            pooled = pooled / lengths.clamp(min=1).unsqueeze(1).to(pooled.dtype)
+        ctx.kernel, ctx.table, ctx.lookup = kernel, table, lookup
+        ctx.save_for_backward(slots, lengths, per_sample_weights)
+        ctx.has_weights = per_sample_weights is not None
+        return pooled
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # (bags, D)
+        slots, lengths, per_sample_weights = ctx.saved_tensors
+        kernel: CachedEmbeddingBag = ctx.kernel
+        kernel.wait_prefetch()  # a prefetch in flight must not see rows change under it
+        cache = kernel.caches[ctx.table]
+        weight = cache.weight
+        if kernel.pooling == "mean":
+            grad_out = grad_out / lengths.clamp(min=1).unsqueeze(1).to(grad_out.dtype)
+        bag_of_value = torch.repeat_interleave(
+            torch.arange(lengths.numel(), device=lengths.device), lengths,
+            output_size=slots.numel(),
+        )
+        grad_values = grad_out[bag_of_value]  # (n, D)
+        grad_weights = None
+        if ctx.has_weights:
+            if ctx.needs_input_grad[5]:
+                grad_weights = (grad_values * weight[slots]).sum(dim=1)  # before the update
+            grad_values = grad_values * per_sample_weights.unsqueeze(1)
+        rows, inverse = torch.unique(slots, return_inverse=True)
+        summed = torch.zeros(rows.numel(), weight.size(1), dtype=grad_values.dtype)
+        summed.index_add_(0, inverse, grad_values)  # repeated ids summed first, in id order
+        apply_sparse_update(kernel.optimizer, kernel.learning_rate, weight, cache.state, rows,
+                            summed)
+        cache.mark_dirty(rows.numpy())
+        kernel._release(ctx.table, ctx.lookup)
+        return None, None, None, None, None, grad_weights
+
+
+class CachedEmbeddingBag(nn.Module):
+    """Table-batched embedding bags on disk-backed tables with DRAM row caches (CPU only).
+
+    The interface of :class:`~ctrctl.modules.batched_embedding.BatchedEmbeddingBag`
+    (``forward``, ``split_weights``, ``load_weights``, ``optimizer_state``, ...), plus
+    :meth:`prefetch`, :meth:`flush` and :meth:`counters`.
+
+    Args:
+        tables: (rows, dim) per table.
+        feature_table_map: the table each feature looks up (default: feature i -> table i).
+        optimizer: the fused optimizer (exact_rowwise_adagrad, exact_adagrad or exact_sgd).
+        pooling: "sum" or "mean".
+        cache_load_factor: share of each table's rows kept in DRAM (one value or one per table).
+        seeds: per table, the seed of its (seed, row id) initialisation (default 0, 1, ...).
+        init_ranges: per table, the uniform init range (default +-sqrt(1 / rows)).
+        cache_dir: where the table files go (a fresh folder inside it; default the system's
+            temporary folder); the files are deleted by :meth:`close`.
+        names: table names (file names).
+        ways: slots per cache set.
+    """
+
+    backend = "cached"
+
+    def __init__(
+        self,
+        tables: Sequence[tuple[int, int]],
+        feature_table_map: Sequence[int] | None = None,
+        optimizer: EmbeddingOptimizerConfig | None = None,
+        pooling: str = "sum",
+        cache_load_factor: float | Sequence[float] = 0.2,
+        seeds: Sequence[int] | None = None,
+        init_ranges: Sequence[tuple[float, float]] | None = None,
+        cache_dir: str | Path | None = None,
+        names: Sequence[str] | None = None,
+        ways: int = WAYS,
+    ) -> None:
+        super().__init__()
+        self.optimizer = optimizer or EmbeddingOptimizerConfig()
+        if self.optimizer.kind not in CPU_OPTIMIZERS:
+            raise unsupported_optimizer_error(self.optimizer.kind, torch.device("cpu"), "cached")
+        if pooling not in ("sum", "mean"):
+            raise ConfigError(f"unknown pooling {pooling!r}", where="CachedEmbeddingBag")
+        self.tables = [(int(r), int(d)) for r, d in tables]
+        if not self.tables:
+            raise ConfigError("no tables", where="CachedEmbeddingBag", hint="give at least one")
+        n = len(self.tables)
+        self.feature_table_map = list(
+            feature_table_map if feature_table_map is not None else range(n)
+        )
+        self.pooling = pooling
+        self.device = torch.device("cpu")
+        self.feature_dims = [self.tables[t][1] for t in self.feature_table_map]
+        self.learning_rate = self.optimizer.lr
+        factors = ([float(cache_load_factor)] * n if isinstance(cache_load_factor, (int, float))
+                   else [float(f) for f in cache_load_factor])
+        seeds = list(seeds) if seeds is not None else list(range(n))
+        ranges = (list(init_ranges) if init_ranges is not None
+                  else [(-(1.0 / r) ** 0.5, (1.0 / r) ** 0.5) for r, _ in self.tables])
+        names = list(names) if names is not None else [f"table_{t}" for t in range(n)]
+        if not len(factors) == len(seeds) == len(ranges) == len(names) == n:
+            raise ConfigError(
+                f"{n} tables but {len(factors)} load factors, {len(seeds)} seeds, "
+                f"{len(ranges)} init ranges and {len(names)} names",
+                where="CachedEmbeddingBag",
+            )
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if cache_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="ctrctl-cache-")
+            directory = Path(self._tmp.name)
+        else:
+            Path(cache_dir).mkdir(parents=True, exist_ok=True)
+            directory = Path(tempfile.mkdtemp(prefix="tables-", dir=cache_dir))
+            weakref.finalize(self, shutil.rmtree, directory, True)  # scratch, like the above
+        self.directory = directory
+        self.caches: list[SetAssociativeRowCache] = []
+        for t, (rows, dim) in enumerate(self.tables):
+            store = RowFile(directory, names[t], rows, dim,
+                            _state_shapes(self.optimizer.kind, dim), seeds[t], ranges[t])
+            self.caches.append(SetAssociativeRowCache(store, factors[t], ways))
+        self._table_features = [
+            [f for f, t in enumerate(self.feature_table_map) if t == table] for table in range(n)
+        ]
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctrctl-prefetch")
+        self._queued: deque[_Batch] = deque()
+        self._in_flight: list[tuple[int, _TableLookup]] = []
+        self.forward_misses = [0] * n
+        #: Seconds spent in cache lookups (prefetches on the worker and inline ones).
+        self.lookup_seconds = 0.0
+        self._trigger = torch.zeros(0, requires_grad=True)
+
+    # ---- batches ------------------------------------------------------------------------
+
+    def _check(self, indices: torch.Tensor, offsets: torch.Tensor) -> int:
+        if indices.device.type != "cpu":
+            raise ConfigError("the cached kernel runs on CPU", where="CachedEmbeddingBag",
+                              hint="keep the sparse features on the CPU")
+        num_features = len(self.feature_table_map)
+        if (offsets.numel() - 1) % num_features:
+            raise SparseInputError(
+                f"{offsets.numel()} offsets do not split into {num_features} features",
+                where="CachedEmbeddingBag",
+            )
+        return (offsets.numel() - 1) // num_features
+
+    def _positions(self, offsets: torch.Tensor, batch: int, table: int) -> torch.Tensor:
+        chosen = torch.tensor(self._table_features[table])
+        feature_offsets = offsets[::batch]
+        return segment_ranges(feature_offsets, chosen, chosen + 1)
+
+    def _lookup_all(self, indices: torch.Tensor, offsets: torch.Tensor) -> list[_TableLookup]:
+        start = time.perf_counter()
+        try:
+            return self._lookup_tables(indices, offsets)
+        finally:
+            self.lookup_seconds += time.perf_counter() - start
+
+    def _lookup_tables(self, indices: torch.Tensor, offsets: torch.Tensor
+                       ) -> list[_TableLookup]:
+        batch = self._check(indices, offsets)
+        out = []
+        for t, (rows, _) in enumerate(self.tables):
+            if batch == 0 or not self._table_features[t]:
+                out.append(_TableLookup(torch.zeros(0, dtype=torch.long), np.zeros(0, np.int64)))
+                continue
+            ids = indices[self._positions(offsets, batch, t)]
+            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
+                raise SparseInputError(
+                    f"table {t}: ids must lie in [0, {rows}), got {int(ids.min())}.."
+                    f"{int(ids.max())}",
+                    where="CachedEmbeddingBag",
+                )
+            unique, inverse = torch.unique(ids, return_inverse=True)
+            before = self.caches[t].counters.unique_misses
+            slots = self.caches[t].lookup_and_lock(unique.numpy(), requested=ids.numel())
+            lookup = _TableLookup(torch.from_numpy(slots)[inverse], slots)
+            lookup.forward_misses = self.caches[t].counters.unique_misses - before
+            out.append(lookup)
+        return out
+
+    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
+        """Bring a coming batch's rows into the caches on the worker thread (returns at once).
+
+        The batch's rows stay locked until its backward; its forward uses the slots found
+        here. Call it for batch i+1 while batch i computes, with the same tensors forward
+        will get.
+        """
+        indices, offsets = indices.long(), offsets.long()
+        future = self._executor.submit(self._lookup_all, indices, offsets)
+        self._queued.append(_Batch(indices, offsets, future))
+
+    def wait_prefetch(self) -> None:
+        """Wait for every queued prefetch to finish."""
+        for batch in self._queued:
+            batch.result()
+
+    def _take(self, indices: torch.Tensor, offsets: torch.Tensor) -> list[_TableLookup]:
+        while self._queued:
+            batch = self._queued.popleft()
+            lookups = batch.result()
+            if torch.equal(batch.indices, indices) and torch.equal(batch.offsets, offsets):
+                return lookups
+            for t, lookup in enumerate(lookups):  # prefetched for another batch: drop it
+                self._release(t, lookup)
+        lookups = self._lookup_all(indices, offsets)
+        for t, lookup in enumerate(lookups):
+            self.forward_misses[t] += lookup.forward_misses
+        return lookups
+
+    def _release(self, table: int, lookup: _TableLookup) -> None:
+        if not lookup.released:
+            lookup.released = True
+            self.caches[table].release(lookup.locked)
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Pooled embeddings (B, sum of feature dims), features in ``feature_table_map`` order."""
+        indices, offsets = indices.long(), offsets.long()
+        batch = self._check(indices, offsets)
+        for t, lookup in self._in_flight:  # forwards whose backward never ran
+            self._release(t, lookup)
+        self._in_flight = []
+        if batch == 0:
+            return torch.zeros(0, sum(self.feature_dims))
+        lookups = self._take(indices, offsets)
+        lengths = (offsets[1:] - offsets[:-1]).view(len(self.feature_table_map), batch)
+        grad = torch.is_grad_enabled()
+        trigger = self._trigger if grad else self._trigger.detach()
+        blocks: list[torch.Tensor | None] = [None] * len(self.feature_table_map)
+        for t, features in enumerate(self._table_features):
+            if not features:
+                continue
+            table_offsets = complete_cumsum(lengths[torch.tensor(features)].reshape(-1))
+            weights = None
+            if per_sample_weights is not None:
+                weights = per_sample_weights[self._positions(offsets, batch, t)]
+            pooled = _CachedLookup.apply(trigger, self, t, lookups[t], table_offsets, weights)
+            per_feature = pooled.view(len(features), batch, self.tables[t][1])
+            for i, f in enumerate(features):
+                blocks[f] = per_feature[i]
+            if grad:
+                self._in_flight.append((t, lookups[t]))
+            else:
+                self._release(t, lookups[t])
+        return torch.cat(blocks, dim=1)  # type: ignore[arg-type]
+
+    # ---- state --------------------------------------------------------------------------
+
+    def set_learning_rate(self, lr: float) -> None:
+        self.learning_rate = float(lr)
+
+    def counters(self) -> list[dict[str, int]]:
+        """Per table, its cache counters, plus ``forward_misses`` (misses of inline lookups)."""
+        return [
+            {**cache.counters.as_dict(), "forward_misses": self.forward_misses[t]}
+            for t, cache in enumerate(self.caches)
+        ]
+
+    def dram_bytes(self) -> int:
+        """Memory the caches hold (slots, metadata and touched maps)."""
+        return sum(cache.dram_bytes() for cache in self.caches)
+
+    def locked_rows(self) -> int:
+        """Cached rows some batch in flight still holds."""
+        return sum(cache.locked_slots() for cache in self.caches)
+
+    def flush(self) -> None:
+        """Write every dirty cached row to the files (after queued prefetches finish)."""
+        self.wait_prefetch()
+        for cache in self.caches:
+            cache.flush()
+
+    def _settle(self) -> None:
+        """No batch in flight, the caches empty, the files complete: ready to be read."""
+        self.wait_prefetch()
+        while self._queued:
+            for t, lookup in enumerate(self._queued.popleft().result()):
+                self._release(t, lookup)
+        for t, lookup in self._in_flight:
+            self._release(t, lookup)
+        self._in_flight = []
+        for cache in self.caches:
+            cache.invalidate()
+            cache.store.materialize()
+
+    def split_weights(self) -> list[torch.Tensor]:
+        """One (rows, dim) tensor per table: views of the files (writes go through).
+
+        Flushes and empties the caches and writes untouched rows' initial values first.
+        """
+        self._settle()
+        return [torch.from_numpy(cache.store.weight) for cache in self.caches]
+
+    @torch.no_grad()
+    def load_weights(self, weights: Sequence[torch.Tensor]) -> None:
+        """Copy one (rows, dim) tensor per table into the files."""
+        targets = self.split_weights()
+        if len(weights) != len(targets):
+            raise CheckpointError(f"{len(weights)} weights for {len(targets)} tables",
+                                  where="CachedEmbeddingBag")
+        for t, (target, source) in enumerate(zip(targets, weights, strict=True)):
+            if tuple(source.shape) != tuple(target.shape):
+                raise CheckpointError(
+                    f"table {t}: weight of shape {tuple(source.shape)} does not fit "
+                    f"{tuple(target.shape)}",
+                    where="CachedEmbeddingBag.load_weights",
+                )
+            target.copy_(source)
+
+    def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
+        """Per table, the optimizer state as views of the files (as ``BatchedEmbeddingBag``)."""
+        self._settle()
+        return [{k: torch.from_numpy(a) for k, a in cache.store.states.items()}
+                for cache in self.caches]
+
+    @torch.no_grad()
+    def load_optimizer_state(self, states: Sequence[dict[str, torch.Tensor]]) -> None:
+        """Copy per-table optimizer state into the files."""
+        targets = self.optimizer_state()
+        if len(states) != len(targets):
+            raise CheckpointError(f"{len(states)} optimizer states for {len(targets)} tables",
+                                  where="CachedEmbeddingBag")
+        for t, (target, source) in enumerate(zip(targets, states, strict=True)):
+            if set(target) != set(source):
+                raise CheckpointError(
+                    f"table {t}: optimizer state has {sorted(source)}, expected {sorted(target)}",
+                    where="CachedEmbeddingBag.load_optimizer_state",
+                    hint="resume with the same embedding optimizer",
+                )
+            for name, tensor in target.items():
+                tensor.copy_(source[name].reshape(tensor.shape))
+
+    def close(self) -> None:
+        """Stop the worker and delete the table files."""
+        self._executor.shutdown(wait=True)
+        for cache in self.caches:
+            cache.store.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def extra_repr(self) -> str:
+        factors = [round(c.main_slots / max(r, 1), 4) for c, (r, _) in zip(
+            self.caches, self.tables, strict=True)]
+        return (f"backend=cached, tables={self.tables}, slots/rows={factors}, "
+                f"pooling={self.pooling}, optimizer={self.optimizer.kind}")
