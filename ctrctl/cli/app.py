@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         if _state["verbose"]:
             console.print_exception()
         console.print(f"[bold red]error:[/] {exc.render()}", highlight=False, soft_wrap=True)
+        from ctrctl.distributed.launch import report_worker_error
+
+        report_worker_error(exc.render(), type(exc).__name__)  # a rank under `launch`: tell it
         return exc.exit_code
     except KeyboardInterrupt:
         console.print("[bold red]interrupted[/]")

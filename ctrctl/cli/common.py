@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -159,10 +160,14 @@ def setup_logging(verbose: bool) -> None:
     level = logging.DEBUG if verbose else logging.INFO
     root = logging.getLogger("ctrctl")
     root.handlers.clear()
+    from ctrctl.distributed.launch import ERROR_DIR_ENV
+
     if console.is_terminal:
         handler: logging.Handler = RichHandler(console=console, show_path=verbose)
     else:
-        handler = logging.StreamHandler(sys.stderr)
+        # A rank under `launch` logs to stdout, which its launcher shows (stderr is logged).
+        handler = logging.StreamHandler(sys.stdout if os.environ.get(ERROR_DIR_ENV)
+                                        else sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     root.addHandler(handler)
     root.setLevel(level)

@@ -15,19 +15,27 @@ Example:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 from ctrctl.errors import ConfigError, DistributedError
+from ctrctl.io import write_json_atomic
 
-__all__ = ["DEFAULT_TIMEOUT_S", "init_process_group", "launch", "needs_launch",
-           "torchrun_command"]
+__all__ = ["DEFAULT_TIMEOUT_S", "ERROR_DIR_ENV", "init_process_group", "launch",
+           "needs_launch", "report_worker_error", "torchrun_command"]
 
 logger = logging.getLogger(__name__)
+
+#: Where each rank records its one-line error for the launcher (set by :func:`launch`).
+ERROR_DIR_ENV = "CTRCTL_ERROR_DIR"
 
 #: Seconds a collective waits before failing (``CTRCTL_DIST_TIMEOUT_S`` overrides it).
 DEFAULT_TIMEOUT_S = 300.0
@@ -76,6 +84,46 @@ def torchrun_command(
     return [*cmd, "--max-restarts=0", *program]
 
 
+def report_worker_error(message: str, kind: str = "CtrctlError") -> None:
+    """In a rank started by :func:`launch`: record this rank's error as one line.
+
+    The launcher reads these records when a rank fails and reports the first cause, rank
+    named, instead of torchrun's traceback. Outside a launch it does nothing.
+    """
+    folder = os.environ.get(ERROR_DIR_ENV)
+    if not folder:
+        return
+    rank = int(os.environ.get("RANK", "0"))
+    write_json_atomic(Path(folder) / f"rank-{rank}.json",
+                      {"rank": rank, "message": message, "kind": kind})
+
+
+def worker_failure(folder: Path, code: int, log: Path | None) -> DistributedError:
+    """One error for a failed launch: the first rank's own cause, the others counted.
+
+    A rank that failed because a peer died (a DistributedError: a closed connection, a
+    timeout) is a consequence, so a rank with another error is named first.
+    """
+    records: list[dict[str, Any]] = []
+    for path in sorted(folder.glob("rank-*.json")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    records.sort(key=lambda r: (r.get("kind") == "DistributedError", int(r.get("rank", 0))))
+    where = f"the log of every rank: {log}" if log else None
+    hint = (f"{where}, or rerun with --verbose" if where
+            else "rerun with --verbose to see every rank's output")
+    if not records:
+        return DistributedError(f"a rank failed (torchrun exit code {code}) without a ctrctl "
+                                "error: a crash or an internal error", hint=hint)
+    first = records[0]
+    others = len(records) - 1
+    tail = f" ({others} other rank{'s' if others > 1 else ''} failed after it)" if others else ""
+    return DistributedError(f"{first['message']}{tail}", where=f"rank {first['rank']}",
+                            hint=hint)
+
+
 def launch(
     program: Sequence[str],
     nproc_per_node: int,
@@ -86,18 +134,41 @@ def launch(
 ) -> int:
     """Run ``program`` on this node's processes through torchrun and wait for them.
 
+    The ranks' standard output (their progress and log lines) is shown as it comes;
+    torchrun's own messages and the ranks' standard error go to a log file, and a failure is
+    one :class:`DistributedError` naming the rank and its cause (:func:`worker_failure`).
+    With ``ctrctl --verbose`` (DEBUG logging) everything is shown as it comes.
+
     Args:
         program: what each rank runs (``["-m", "module", *args]``).
         nproc_per_node, nnodes, node_rank, rdzv_endpoint: as :func:`torchrun_command`.
         env: variables added to this process's environment for the ranks.
 
     Returns:
-        torchrun's exit code (0 when every rank succeeded).
+        0: every rank succeeded.
+
+    Raises:
+        DistributedError: a rank failed.
     """
     cmd = torchrun_command(program, nproc_per_node, nnodes, node_rank, rdzv_endpoint,
                            rdzv_id=os.environ.get("CTRCTL_RDZV_ID", "ctrctl"))
     logger.info("starting %d process(es): %s", nproc_per_node * nnodes, " ".join(cmd))
-    return subprocess.run(cmd, env={**os.environ, **(env or {})}, check=False).returncode
+    verbose = logging.getLogger("ctrctl").isEnabledFor(logging.DEBUG)
+    with tempfile.TemporaryDirectory(prefix="ctrctl-ranks-") as errors:
+        ranks_env = {**os.environ, **(env or {}), ERROR_DIR_ENV: errors}
+        if verbose:
+            code = subprocess.run(cmd, env=ranks_env, check=False).returncode
+            log = None
+        else:
+            fd, name = tempfile.mkstemp(prefix="ctrctl-ranks-", suffix=".log")
+            log = Path(name)
+            with os.fdopen(fd, "w") as handle:
+                code = subprocess.run(cmd, env=ranks_env, stderr=handle, check=False).returncode
+        if code == 0:
+            if log is not None:
+                log.unlink(missing_ok=True)
+            return 0
+        raise worker_failure(Path(errors), code, log)
 
 
 def init_process_group(device: str = "auto", timeout_s: float | None = None) -> bool:

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from ctrctl.config import load_config
-    from ctrctl.distributed.launch import init_process_group
+    from ctrctl.distributed.launch import init_process_group, report_worker_error
     from ctrctl.distributed.types import ShardingPlan
     from ctrctl.errors import CtrctlError
     from ctrctl.progress import LogProgress
@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     # Other libraries (FBGEMM logs every kernel's settings at INFO) stay at WARNING;
     # ctrctl's own progress lines come from rank 0 only.
-    logging.basicConfig(level=logging.WARNING,
+    # stdout: the launcher shows it as it comes (stderr, torchrun's noise, goes to a log).
+    logging.basicConfig(level=logging.WARNING, stream=sys.stdout,
                         format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")
     logging.getLogger("ctrctl").setLevel(logging.INFO if rank == 0 else logging.WARNING)
     try:
@@ -53,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except CtrctlError as exc:
         print(f"rank {rank}: error: {exc.render()}", file=sys.stderr)
+        report_worker_error(exc.render(), type(exc).__name__)
         return 1
+    except Exception as exc:  # a bug: its traceback goes to the ranks' log
+        report_worker_error(f"internal error: {type(exc).__name__}: {exc}", "InternalError")
+        raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
