@@ -198,6 +198,9 @@ class TrainingConfig(_Section):
             at the end).
         checkpoint_every: write a checkpoint every N steps (0: only at the end).
         keep_checkpoints: periodic checkpoints kept (older ones are removed; 0: keep all).
+        log_checkpoint: also copy the final checkpoint into the MLflow run's artifacts
+            (under ``model/``); off by default, as a checkpoint can be hundreds of MB and
+            stays in ``--out`` anyway.
         log_every: log metrics (MLflow, progress) every N steps.
         seed: seeds parameter initialisation, shuffling and every RNG.
         num_workers: loader threads reading Parquet row groups.
@@ -221,6 +224,7 @@ class TrainingConfig(_Section):
     val_every: int | None = Field(default=None, ge=0)
     checkpoint_every: int = Field(default=0, ge=0)
     keep_checkpoints: int = Field(default=2, ge=0)
+    log_checkpoint: bool = False
     log_every: int = Field(default=50, ge=1)
     seed: int = 0
     num_workers: int = Field(default=2, ge=0)

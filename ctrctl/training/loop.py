@@ -589,6 +589,6 @@ def train(
             run.set_tags({"stop_reason": str(trainer.stop_reason),
                           "best_step": str(summary["best_step"])})
             run.log_artifact(out / "metrics.json")
-            if finished:
+            if finished and config.training.log_checkpoint:
                 run.log_artifact(path, "model")
     return result

@@ -44,8 +44,8 @@ def test_train_command_writes_checkpoints_metrics_and_tracks(
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "run"
     proc = _ctrctl(["train", "--dataset", str(ds.path), "--out", str(out), "--config",
-                    str(ROOT / "pipelines" / "small.yaml"), *SMALL, "--tracking-uri", uri,
-                    "--experiment", "cli-test"], cwd=tmp_path)
+                    str(ROOT / "pipelines" / "small.yaml"), *SMALL, "training.log_checkpoint=true",
+                    "--tracking-uri", uri, "--experiment", "cli-test"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     steps = sorted(p.name for p in (out / "checkpoints").glob("step-*"))
@@ -126,3 +126,19 @@ def test_train_two_processes_through_torchrun(ds: SyntheticDataset, tmp_path: Pa
                  "training.max_steps=15", "--resume", "--no-track"]) == 0
     resumed = ckpt.read_metadata(out)
     assert resumed.step == 15 and resumed.world_size == 1
+
+
+def test_the_checkpoint_stays_out_of_mlflow_by_default(ds: SyntheticDataset,
+                                                       tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = _ctrctl(["train", "--dataset", str(ds.path), "--out", str(tmp_path / "run"), *SMALL,
+                    "--tracking-uri", uri, "--experiment", "no-model"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("no-model")
+    assert experiment is not None
+    [run] = client.search_runs([experiment.experiment_id])
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert "metrics.json" in artifacts and "model" not in artifacts
