@@ -19,7 +19,7 @@ import typer
 from ctrctl.errors import CtrctlError
 
 #: Subcommand modules under ctrctl/cli/, in the order of the pipeline.
-COMMANDS: tuple[str, ...] = ("synth", "preprocess", "plan", "train", "eval")
+COMMANDS: tuple[str, ...] = ("synth", "preprocess", "plan", "train", "eval", "run")
 
 app = typer.Typer(
     name="ctrctl",
