@@ -25,6 +25,10 @@ logger = logging.getLogger(__name__)
 
 #: Exit code of a run whose eval gates failed (the CLI's convention for a failed gate).
 GATE_FAILED_EXIT = 3
+#: The figure each step's line and the summary table show.
+KEY_METRICS = {"synth": "rows", "preprocess": "rows", "plan": "world_size",
+               "train": "val.auc", "eval": "auc", "quantize": "bytes.ratio",
+               "register": "model_uri"}
 
 
 @dataclass
@@ -49,11 +53,10 @@ class StepOutcome:
 
     @property
     def key_metric(self) -> tuple[str, Any] | None:
-        """The first entry of the summary that is not bookkeeping."""
-        for key, value in self.summary.items():
-            if key not in ("run_id", "seconds") and value is not None:
-                return key, value
-        return None
+        """The step's headline figure (``KEY_METRICS``), when it reported one."""
+        key = KEY_METRICS.get(self.name)
+        value = self.summary.get(key) if key else None
+        return (key, value) if key and value is not None else None
 
 
 @dataclass

@@ -13,6 +13,7 @@ the next step's inputs, all under one working folder::
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from typing import Any
 from ctrctl.config import PipelineConfig
 from ctrctl.errors import CtrctlError, DistributedError
 from ctrctl.progress import Progress
-from ctrctl.runner.validate import input_paths, quantize_available
+from ctrctl.runner.validate import INFERENCE_PACKAGE, input_paths, quantize_available
 from ctrctl.tracking import Tracker
 
 logger = logging.getLogger(__name__)
@@ -236,11 +237,15 @@ def quantize_settings(cfg: PipelineConfig) -> dict[str, Any]:
     return {"dtype": q.dtype, "dense_dtype": q.dense_dtype, "num_shards": q.num_shards}
 
 
-def _quantize(ctx: Context, resume: bool) -> dict[str, Any]:
-    from ctrctl.inference.export import quantize_to_artifact
-    from ctrctl.inference.quantize import QuantizeConfig
+def inference_module(name: str) -> Any:
+    """``ctrctl.inference.<name>``, imported when the quantize step runs (an allowed
+    runner -> inference edge); the step is reported unavailable where it is not installed."""
+    return importlib.import_module(f"{INFERENCE_PACKAGE}.{name}")
 
-    config = QuantizeConfig(**quantize_settings(ctx.cfg))
+
+def _quantize(ctx: Context, resume: bool) -> dict[str, Any]:
+    quantize_to_artifact = inference_module("export").quantize_to_artifact
+    config = inference_module("quantize").QuantizeConfig(**quantize_settings(ctx.cfg))
     quantized = quantize_to_artifact(ctx.train, ctx.export, config, dataset=ctx.dataset,
                                      overwrite=True, tracker=ctx.tracker,
                                      log_model=ctx.tracker.enabled)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import importlib
 import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,7 +14,8 @@ from ctrctl.errors import ConfigError, CtrctlError
 __all__ = ["check_pipeline", "input_paths", "quantize_available"]
 
 #: The module of the quantize step; the step is skipped (saying so) when it is not installed.
-QUANTIZE_MODULE = "ctrctl.inference.export"
+INFERENCE_PACKAGE = "ctrctl.inference"
+QUANTIZE_MODULE = f"{INFERENCE_PACKAGE}.export"
 
 
 def quantize_available() -> bool:
@@ -68,8 +70,7 @@ def check_pipeline(cfg: PipelineConfig, source: str | None) -> None:
         raise ConfigError(f"training.batch_size {batch} does not divide over {world} ranks",
                           where=_where(source, "training", "batch_size"))
     if cfg.quantize.enabled and quantize_available():
-        from ctrctl.inference.quantize import QuantizeConfig
-
+        QuantizeConfig = importlib.import_module(f"{INFERENCE_PACKAGE}.quantize").QuantizeConfig
         try:
             QuantizeConfig(dtype=cfg.quantize.dtype, dense_dtype=cfg.quantize.dense_dtype,
                            num_shards=cfg.quantize.num_shards)
