@@ -299,16 +299,38 @@ class MlflowTracker(Tracker):
             client.set_terminated(run.run_id, status=status)
 
 
+def git_commit() -> str | None:
+    """The commit of the ctrctl checkout that runs (None outside a git checkout)."""
+    import subprocess
+
+    try:
+        answer = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
+                                capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (answer.stdout.strip() or None) if answer.returncode == 0 else None
+
+
+_GIT_COMMIT_TAG = "mlflow.source.git.commit"
+
+
 def _context_tags() -> dict[str, str]:
     """MLflow's context tags (user, source name and type, git commit), as its fluent API
-    adds them; ``MlflowClient.create_run`` alone does not."""
+    adds them; ``MlflowClient.create_run`` alone does not. MLflow finds the commit from the
+    entry script, which for the ``ctrctl`` console script is outside the checkout, so the
+    commit of the ctrctl package's checkout is used when MLflow finds none."""
+    tags: dict[str, str] = {}
     try:
         from mlflow.tracking.context.registry import resolve_tags
 
-        return {k: str(v) for k, v in resolve_tags().items()}
+        tags = {k: str(v) for k, v in resolve_tags().items()}
     except Exception as exc:  # a context provider failing must not stop a run
         logger.debug("no MLflow context tags: %s", exc)
-        return {}
+    if _GIT_COMMIT_TAG not in tags:
+        commit = git_commit()
+        if commit:
+            tags[_GIT_COMMIT_TAG] = commit
+    return tags
 
 
 def check_tracking_uri(uri: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> None:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from ctrctl.runner.state import HashCache, tree_sha256
-from ctrctl.tracking import DatasetRef, Run
+from ctrctl.tracking import DatasetRef, Run, git_commit
 
 logger = logging.getLogger(__name__)
 
@@ -71,17 +70,6 @@ def log_step_datasets(run: Run, step: str, name: str, dataset: Path, eval_split:
         ref = dataset_ref(name, dataset, split, cache)
         if ref is not None:
             run.log_dataset(ref, context)
-
-
-def git_commit() -> str | None:
-    """The commit of the ctrctl checkout that runs (None outside a git checkout)."""
-    here = Path(__file__).resolve().parent
-    try:
-        answer = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                                text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return answer.stdout.strip() or None if answer.returncode == 0 else None
 
 
 def registry_tags(ctx: Any) -> dict[str, str]:
