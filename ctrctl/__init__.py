@@ -58,6 +58,8 @@ _EXPORTS: dict[str, str] = {
     "load_model": "ctrctl.training.predict",
     "predict_split": "ctrctl.training.predict",
     "evaluate": "ctrctl.evaluation",
+    # the whole pipeline
+    "run_pipeline": "ctrctl.runner",
     # tracking
     "make_tracker": "ctrctl.tracking",
 }

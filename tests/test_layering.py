@@ -62,7 +62,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         # The runner calls every step's library in process; only the CLI imports it.
         "runner": _LIBRARY,
         "cli": _LIBRARY | {"runner"},
-        "ctrctl": _LIBRARY,  # the public API: lazy re-exports of the library
+        "ctrctl": _LIBRARY | {"runner"},  # the public API: lazy re-exports of the library
         "__main__": {"cli"},
         "testing": _LIBRARY,  # helpers for tests: nothing in the library imports them
     }.items()
