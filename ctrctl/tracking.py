@@ -243,6 +243,22 @@ class MlflowTracker(Tracker):
             order_by=["attributes.start_time DESC"])
         return [r.info.run_id for r in runs]
 
+    def _logged_model_uri(self, client: Any, model_uri: str, run_id: str | None) -> str | None:
+        """``models:/<id>`` of the model logged as ``runs:/RUN/NAME``: MLflow 3 keeps a
+        logged model outside the run's artifacts, so a version made from the runs:/ URI
+        itself would point at files that are not there."""
+        if not model_uri.startswith("runs:/") or run_id is None:
+            return None
+        artifact = model_uri.removeprefix(f"runs:/{run_id}/").strip("/")
+        search = getattr(client, "search_logged_models", None)
+        if search is None:  # MLflow 2: the model is in the run's artifacts
+            return None
+        experiment = client.get_run(run_id).info.experiment_id
+        found = [m for m in search(experiment_ids=[experiment],
+                                   filter_string=f"source_run_id = '{run_id}'")
+                 if m.name == artifact]
+        return f"models:/{found[0].model_id}" if found else None
+
     def register_model(self, name: str, model_uri: str, run_id: str | None,
                        tags: Mapping[str, str], alias: str | None) -> str | None:
         from mlflow.exceptions import MlflowException
@@ -252,7 +268,8 @@ class MlflowTracker(Tracker):
             client.get_registered_model(name)
         except MlflowException:
             client.create_registered_model(name)
-        version = client.create_model_version(name, model_uri, run_id=run_id,
+        source = self._logged_model_uri(client, model_uri, run_id) or model_uri
+        version = client.create_model_version(name, source, run_id=run_id,
                                               tags={k: str(v) for k, v in tags.items()})
         if alias:
             client.set_registered_model_alias(name, alias, version.version)

@@ -56,6 +56,11 @@ def test_registered_version_leads_back_to_the_digest_and_a_failed_gate_keeps_the
               if i.dataset.name == "demo/train"]
     assert logged == [recomputed]
     assert str(client.get_model_version_by_alias(name, "candidate").version) == "1"
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    served = mlflow.pyfunc.load_model(f"models:/{name}@candidate")
+    assert served.metadata.run_id == version.run_id
 
     raw = tmp_path / "raw"
     overrides = tiny_inputs(raw, rows=8000)
