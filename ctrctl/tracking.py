@@ -269,6 +269,11 @@ class MlflowTracker(Tracker):
         except MlflowException:
             client.create_registered_model(name)
         source = self._logged_model_uri(client, model_uri, run_id) or model_uri
+        if self.tracking_uri and source.startswith("models:/"):
+            # The registry resolves a models:/ source through the global tracking URI.
+            import mlflow
+
+            mlflow.set_tracking_uri(self.tracking_uri)
         version = client.create_model_version(name, source, run_id=run_id,
                                               tags={k: str(v) for k, v in tags.items()})
         if alias:
