@@ -1,5 +1,8 @@
-# ctrctl: `make demo` runs the pipeline on built-in defaults, `make test` runs the tests.
+# ctrctl: `make demo` runs pipelines/demo.yaml end to end, `make test` runs the tests.
 # Both set up .venv first; setup is idempotent and skips pip when pyproject.toml is unchanged.
+# For CI: `make pipeline PIPELINE=pipelines/x.yaml [OVERRIDES="k=v ..."]` runs a whole
+# pipeline, `make preprocess|plan|train|eval|quantize PIPELINE=...` one step of it (each
+# through `ctrctl run --from STEP --until STEP`, so an unchanged step is skipped).
 
 PYTHON ?= python3
 VENV := .venv
@@ -9,9 +12,12 @@ BENCH_STAMP := $(VENV)/.ctrctl-bench-installed
 # The CUDA build of fbgemm-gpu where a CUDA driver is present, the CPU build elsewhere.
 FBGEMM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 PYTEST_ARGS ?=
-DEMO_DIR ?= demo
+PIPELINE ?= pipelines/demo.yaml
+OVERRIDES ?=
+RUN_ARGS ?=
+STEPS := synth preprocess plan train eval quantize register
 
-.PHONY: setup test test-slow test-all demo lint bench bench-setup clean
+.PHONY: setup test test-slow test-all demo pipeline $(STEPS) lint bench bench-setup clean
 
 setup: $(STAMP)
 
@@ -32,7 +38,13 @@ test-all: setup
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 demo: setup
-	$(PY) scripts/demo.py --out $(DEMO_DIR)
+	$(VENV)/bin/ctrctl run pipelines/demo.yaml $(RUN_ARGS)
+
+pipeline: setup
+	$(VENV)/bin/ctrctl run $(PIPELINE) $(OVERRIDES) $(RUN_ARGS)
+
+$(STEPS): setup
+	$(VENV)/bin/ctrctl run $(PIPELINE) $(OVERRIDES) --from $@ --until $@ $(RUN_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check ctrctl tests scripts
@@ -51,4 +63,4 @@ bench: bench-setup
 	$(PY) scripts/run_benchmarks.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) runs/demo .pytest_cache .mypy_cache .ruff_cache

@@ -71,6 +71,8 @@ _EXPORTS: dict[str, str] = {
     "load_artifact": "ctrctl.inference.export",
     "predict_dataset": "ctrctl.inference.predictor",
     "predict_raw": "ctrctl.inference.predictor",
+    # the whole pipeline
+    "run_pipeline": "ctrctl.runner",
     # tracking
     "make_tracker": "ctrctl.tracking",
 }

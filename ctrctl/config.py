@@ -34,6 +34,7 @@ from ctrctl.io import read_text
 from ctrctl.names import ComputeKernel, ShardingType
 
 __all__ = [
+    "DataConfig",
     "DenseOptimizerConfig",
     "EarlyStoppingConfig",
     "EmbeddingOptimizerSection",
@@ -42,13 +43,18 @@ __all__ = [
     "PipelineConfig",
     "PlanConfig",
     "PreprocessConfig",
+    "QuantizeStepConfig",
+    "RegisterConfig",
     "ResolvedSizes",
+    "RunnerConfig",
+    "SynthConfig",
     "TableConstraintConfig",
     "TrainingConfig",
     "apply_overrides",
     "auto_batch_size",
     "defaults_path",
     "dump_config",
+    "key_location",
     "load_config",
     "parse_config",
     "resolve_sizes",
@@ -412,6 +418,86 @@ class EvalConfig(_Section):
     gates: dict[str, float | str] = dict()
 
 
+# ---- sections only ``ctrctl run`` reads ------------------------------------------------------
+class DataConfig(_Section):
+    """The raw logs a pipeline starts from and how they are read (``ctrctl run``).
+
+    Attributes:
+        schema_path: the feature schema YAML (``schemas/criteo.yaml``); relative paths are
+            taken from the folder ``ctrctl run`` is started in.
+        inputs: ``[SPLIT=]PATH`` items (globs allowed), as ``ctrctl preprocess --input``;
+            empty when ``synth`` makes the logs.
+        split_ratio: ``"train,val,test"`` fractions for inputs without a split.
+        split_seed: seed of that random split.
+        on_bad_rows: ``error`` or ``skip``.
+    """
+
+    schema_path: str | None = None
+    inputs: tuple[str, ...] = ()
+    split_ratio: str | None = None
+    split_seed: int = 0
+    on_bad_rows: Literal["error", "skip"] = "error"
+
+
+class SynthConfig(_Section):
+    """The optional first step of ``ctrctl run``: synthetic raw logs (demos, CI).
+
+    Attributes:
+        format: ``criteo`` or ``avazu``; None (the default) runs no synth step and the
+            pipeline reads ``preprocess.inputs`` instead.
+        rows: rows over all splits (80% train, 10% val, 10% test).
+        seed: the same seed gives the same bytes.
+    """
+
+    format: Literal["criteo", "avazu"] | None = None
+    rows: int = Field(default=200_000, ge=10)
+    seed: int = 0
+
+
+class QuantizeStepConfig(_Section):
+    """``ctrctl quantize`` settings a pipeline can carry.
+
+    Attributes:
+        enabled: run the quantize step (and so the registration of its model).
+        dtype: the type of the embedding tables (``int8``, ``int4``, ``fp16`` ...).
+        dense_dtype: the type of the dense layers (``fp32``, ``bf16``, ``int8``).
+        num_shards: serving shards the tables are placed on.
+    """
+
+    enabled: bool = True
+    dtype: str = "int8"
+    dense_dtype: str = "fp32"
+    num_shards: int = Field(default=1, ge=1)
+
+
+class RegisterConfig(_Section):
+    """Where ``ctrctl run`` registers the quantized model.
+
+    Attributes:
+        model_name: the registered model's name; None registers nothing.
+        alias: moved to the new version only when every eval gate passed.
+    """
+
+    model_name: str | None = None
+    alias: str = Field(default="candidate", min_length=1)
+
+
+class RunnerConfig(_Section):
+    """How ``ctrctl run`` executes the steps.
+
+    Attributes:
+        workdir: the working folder of the run (the command line's ``--workdir`` wins;
+            default ``runs/<name>``).
+        nproc_per_node: training processes (gloo on CPU); the plan's world size must not
+            exceed it.
+        eval_split: the dataset split the eval step scores (and its gates are checked on).
+    """
+
+    workdir: str | None = None
+    eval_split: str = "test"
+    nproc_per_node: int = Field(default=1, ge=1)
+
+
 # ---- the whole pipeline --------------------------------------------------------------------
 class PipelineConfig(_Section):
     """One pipeline YAML: every section optional, defaults where absent.
@@ -430,6 +516,11 @@ class PipelineConfig(_Section):
     dense_optimizer: DenseOptimizerConfig = DenseOptimizerConfig()
     training: TrainingConfig = TrainingConfig()
     eval: EvalConfig = EvalConfig()
+    data: DataConfig = DataConfig()
+    synth: SynthConfig = SynthConfig()
+    quantize: QuantizeStepConfig = QuantizeStepConfig()
+    register: RegisterConfig = RegisterConfig()
+    runner: RunnerConfig = RunnerConfig()
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config as plain JSON-friendly data (what MLflow and checkpoints keep)."""
@@ -460,6 +551,17 @@ def _key_line(text: str, loc: Sequence[Any]) -> int | None:
         else:
             return line
     return line
+
+
+def key_location(path: str | Path, loc: Sequence[Any]) -> str:
+    """``FILE:LINE`` of the key at ``loc`` (e.g. ``("eval", "gates", "auc")``) in a YAML file;
+    just ``FILE`` when the file cannot be read or the key is not in it (a default)."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError):
+        return str(path)
+    line = _key_line(text, loc)
+    return f"{path}:{line}" if line else str(path)
 
 
 def _raise_validation(exc: ValidationError, where: str, text: str | None) -> None:

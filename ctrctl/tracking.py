@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -43,6 +44,8 @@ _HTTP_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
                       "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
 #: A parent run (``ctrctl run``) passes its id to child steps, which become nested runs.
 PARENT_RUN_ENV = "CTRCTL_PARENT_RUN_ID"
+#: Hex digits of a dataset's sha256 kept in MLflow's digest field (its column holds 36).
+DIGEST_CHARS = 32
 
 
 def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -76,15 +79,70 @@ class Run:
     def set_tags(self, tags: Mapping[str, str]) -> None:
         """Set tags on the run."""
 
+    def log_dataset(self, dataset: DatasetRef, context: str) -> None:
+        """Log a dataset the run read or wrote (``context``: ``train``, ``output`` ...)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetRef:
+    """A dataset as the runs record it: our own digest, where it is, what it holds.
+
+    Attributes:
+        name: e.g. ``demo/train``.
+        sha256: sha256 over the dataset's files (see ``ctrctl.runner.hashing``); MLflow's
+            dataset table holds at most 36 characters of digest, so the entity's digest is
+            its first 32 hex digits and the full value is in the profile (``sha256``).
+        source: the folder (a path or URI).
+        schema: column name -> type.
+        profile: small facts (rows, files).
+    """
+
+    name: str
+    sha256: str
+    source: str
+    schema: Mapping[str, str]
+    profile: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def digest(self) -> str:
+        """The digest MLflow stores: the sha256's first DIGEST_CHARS hex digits."""
+        return self.sha256[:DIGEST_CHARS]
+
 
 class Tracker:
     """Starts runs; this base class is the no-op tracker."""
 
     enabled = False
 
+    #: (step name, run id) of every run this tracker started, in order.
+    started: list[tuple[str, str]]
+
+    def __init__(self) -> None:
+        self.started = []
+
     @contextlib.contextmanager
     def run(self, name: str, tags: Mapping[str, str] | None = None) -> Iterator[Run]:
         yield Run()
+
+    def child(self, parent_run_id: str | None) -> Tracker:
+        """A tracker whose runs are nested under ``parent_run_id`` (the no-op stays no-op)."""
+        return Tracker()
+
+    def open(self, run_id: str | None) -> Run:
+        """A handle to log more into an existing run (e.g. a finished step's)."""
+        return Run()
+
+    def find_runs(self, parent_run_id: str, step: str) -> list[str]:
+        """Ids of the runs of ``step`` nested under ``parent_run_id``, newest first."""
+        return []
+
+    def register_model(self, name: str, model_uri: str, run_id: str | None,
+                       tags: Mapping[str, str], alias: str | None) -> str | None:
+        """Register ``model_uri`` as a new version of ``name``; returns the version.
+
+        ``alias`` (when given) is moved to the new version; None leaves every alias as is.
+        """
+        return None
 
 
 NoopTracker = Tracker
@@ -134,6 +192,18 @@ class MlflowRun(Run):
         for key, value in tags.items():
             self._client.set_tag(self.run_id, key, str(value))
 
+    def log_dataset(self, dataset: DatasetRef, context: str) -> None:
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        entity = Dataset(
+            name=dataset.name, digest=dataset.digest, source_type="local",
+            source=json.dumps({"uri": dataset.source}),
+            schema=json.dumps({"mlflow_colspec": [
+                {"name": k, "type": v} for k, v in dataset.schema.items()]}),
+            profile=json.dumps({"sha256": dataset.sha256, **dataset.profile}, default=str))
+        self._client.log_inputs(self.run_id, datasets=[DatasetInput(
+            dataset=entity, tags=[InputTag("mlflow.data.context", context)])])
+
 
 class MlflowTracker(Tracker):
     """Tracks to MLflow through its client API (no global active-run state).
@@ -146,9 +216,69 @@ class MlflowTracker(Tracker):
 
     enabled = True
 
-    def __init__(self, tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT):
+    def __init__(self, tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT,
+                 parent_run_id: str | None = None):
+        super().__init__()
         self.tracking_uri = tracking_uri
         self.experiment = experiment
+        self.parent_run_id = parent_run_id
+
+    def child(self, parent_run_id: str | None) -> Tracker:
+        child = MlflowTracker(self.tracking_uri, self.experiment, parent_run_id)
+        child.started = self.started
+        return child
+
+    def open(self, run_id: str | None) -> Run:
+        return MlflowRun(self._client(), run_id) if run_id else Run()
+
+    def find_runs(self, parent_run_id: str, step: str) -> list[str]:
+        client = self._client()
+        experiment = client.get_experiment_by_name(self.experiment)
+        if experiment is None:
+            return []
+        runs = client.search_runs(
+            [experiment.experiment_id],
+            filter_string=(f"tags.`mlflow.parentRunId` = '{parent_run_id}' "
+                           f"and tags.`ctrctl.step` = '{step}'"),
+            order_by=["attributes.start_time DESC"])
+        return [r.info.run_id for r in runs]
+
+    def _logged_model_uri(self, client: Any, model_uri: str, run_id: str | None) -> str | None:
+        """``models:/<id>`` of the model logged as ``runs:/RUN/NAME``: MLflow 3 keeps a
+        logged model outside the run's artifacts, so a version made from the runs:/ URI
+        itself would point at files that are not there."""
+        if not model_uri.startswith("runs:/") or run_id is None:
+            return None
+        artifact = model_uri.removeprefix(f"runs:/{run_id}/").strip("/")
+        search = getattr(client, "search_logged_models", None)
+        if search is None:  # MLflow 2: the model is in the run's artifacts
+            return None
+        experiment = client.get_run(run_id).info.experiment_id
+        found = [m for m in search(experiment_ids=[experiment],
+                                   filter_string=f"source_run_id = '{run_id}'")
+                 if m.name == artifact]
+        return f"models:/{found[0].model_id}" if found else None
+
+    def register_model(self, name: str, model_uri: str, run_id: str | None,
+                       tags: Mapping[str, str], alias: str | None) -> str | None:
+        from mlflow.exceptions import MlflowException
+
+        client = self._client()
+        try:
+            client.get_registered_model(name)
+        except MlflowException:
+            client.create_registered_model(name)
+        source = self._logged_model_uri(client, model_uri, run_id) or model_uri
+        if self.tracking_uri and source.startswith("models:/"):
+            # The registry resolves a models:/ source through the global tracking URI.
+            import mlflow
+
+            mlflow.set_tracking_uri(self.tracking_uri)
+        version = client.create_model_version(name, source, run_id=run_id,
+                                              tags={k: str(v) for k, v in tags.items()})
+        if alias:
+            client.set_registered_model_alias(name, alias, version.version)
+        return str(version.version)
 
     def _client(self) -> Any:
         from mlflow.tracking import MlflowClient
@@ -175,18 +305,54 @@ class MlflowTracker(Tracker):
             else client.create_experiment(self.experiment,
                                           artifact_location=self._artifact_location())
         )
-        run_tags = {"mlflow.runName": name, "ctrctl.step": name, **(tags or {})}
-        parent = os.environ.get(PARENT_RUN_ENV)
+        run_tags = {**_context_tags(), "mlflow.runName": name, "ctrctl.step": name,
+                    **(tags or {})}
+        parent = self.parent_run_id or os.environ.get(PARENT_RUN_ENV)
         if parent:
             run_tags["mlflow.parentRunId"] = parent
         mlrun = client.create_run(experiment_id, tags=run_tags, run_name=name)
         run = MlflowRun(client, mlrun.info.run_id)
+        self.started.append((name, mlrun.info.run_id))
         status = "FAILED"
         try:
             yield run
             status = "FINISHED"
         finally:
             client.set_terminated(run.run_id, status=status)
+
+
+def git_commit() -> str | None:
+    """The commit of the ctrctl checkout that runs (None outside a git checkout)."""
+    import subprocess
+
+    try:
+        answer = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
+                                capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (answer.stdout.strip() or None) if answer.returncode == 0 else None
+
+
+_GIT_COMMIT_TAG = "mlflow.source.git.commit"
+
+
+def _context_tags() -> dict[str, str]:
+    """MLflow's context tags (user, source name and type, git commit), as its fluent API
+    adds them; ``MlflowClient.create_run`` alone does not. MLflow finds the commit from the
+    entry script, which for the ``ctrctl`` console script is outside the checkout, so the
+    commit of the ctrctl package's checkout is used when MLflow finds none."""
+    tags: dict[str, str] = {}
+    try:
+        from mlflow.tracking.context.registry import resolve_tags
+
+        tags = {k: str(v) for k, v in resolve_tags().items()}
+    except Exception as exc:  # a context provider failing must not stop a run
+        logger.debug("no MLflow context tags: %s", exc)
+    if _GIT_COMMIT_TAG not in tags:
+        commit = git_commit()
+        if commit:
+            tags[_GIT_COMMIT_TAG] = commit
+    return tags
 
 
 def check_tracking_uri(uri: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> None:
