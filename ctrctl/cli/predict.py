@@ -7,12 +7,13 @@ from typing import Annotated
 
 import typer
 
-from ctrctl.cli.common import Overwrite, console
+from ctrctl.cli.common import Overwrite, console, locked, output_file
 
 
 def predict_command(
     model: Annotated[Path, typer.Option(help="Serving artifact folder (ctrctl quantize).")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Scores Parquet file.")],
+    out: Annotated[Path, typer.Option("--out", "-o", callback=output_file,
+                                      help="Scores Parquet file.")],
     dataset: Annotated[Path | None, typer.Option(
         help="Preprocessed dataset with the model's transforms.")] = None,
     split: Annotated[str, typer.Option(help="Split of --dataset to score.")] = "test",
@@ -27,12 +28,13 @@ def predict_command(
 
     if (dataset is None) == (input is None):
         raise ConfigError("give one of --dataset and --input", hint="not both")
-    if dataset is not None:
-        result = predict_dataset(model, dataset, split, out, batch_size=batch_size,
-                                 overwrite=overwrite)
-    else:
-        assert input is not None
-        result = predict_raw(model, input, out, batch_size=batch_size, overwrite=overwrite)
+    with locked(out, "predict"):
+        if dataset is not None:
+            result = predict_dataset(model, dataset, split, out, batch_size=batch_size,
+                                     overwrite=overwrite)
+        else:
+            assert input is not None
+            result = predict_raw(model, input, out, batch_size=batch_size, overwrite=overwrite)
     console.print(f"scored {result.rows:,} rows in {result.seconds:.2f} s "
                   f"({result.rows_per_s:,.0f} rows/s) -> {result.out}")
 

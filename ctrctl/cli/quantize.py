@@ -15,6 +15,7 @@ from ctrctl.cli.common import (
     Overwrite,
     TrackingUri,
     console,
+    locked,
     tracker_from,
 )
 
@@ -47,8 +48,10 @@ def quantize_command(
         dtype=dtype.lower(), per_table=parse_per_table(per_table or []), num_shards=shards,
         device_memory_bytes=int(device_memory_gb * 2**30) if device_memory_gb else None,
         dense_dtype=dense_dtype.lower())
-    q = quantize_to_artifact(checkpoint, out, config, dataset=dataset, overwrite=overwrite,
-                             tracker=tracker_from(no_track, tracking_uri, experiment))
+    tracker = tracker_from(no_track, tracking_uri, experiment)
+    with locked(out, "quantize"):
+        q = quantize_to_artifact(checkpoint, out, config, dataset=dataset, overwrite=overwrite,
+                                 tracker=tracker)
     table = Table(title=f"quantize: {q.fp32_bytes / 2**20:,.2f} MiB -> "
                         f"{q.quantized_bytes / 2**20:,.2f} MiB "
                         f"({q.quantized_bytes / max(q.fp32_bytes, 1):.3f}x)")

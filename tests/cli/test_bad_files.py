@@ -102,3 +102,13 @@ def test_paths_in_manifest_metadata_and_latest_stay_inside(tmp_path: Path) -> No
     (checkpoints / "latest").write_text("../../elsewhere\n")
     with pytest.raises(CheckpointError, match="leaves its folder"):
         latest_checkpoint(checkpoints)
+
+
+def test_predict_and_quantize_check_their_outputs_first(work: Path) -> None:
+    for args, where in ((["predict", "--model", "m", "--dataset", "ds", "--out",
+                          "/proc/ctrctl.parquet"], "/proc/ctrctl.parquet"),
+                        (["predict", "--model", "m", "--dataset", "ds", "--out", "ds"], "ds"),
+                        (["quantize", "--checkpoint", "c", "--out", "a-file"], "a-file")):
+        done = run([CTRCTL, *args], work)
+        errors = [line for line in error_lines(done.stderr) if line.startswith("error:")]
+        assert done.returncode == 1 and len(errors) == 1 and where in errors[0], done.stderr
