@@ -50,7 +50,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ctrctl.errors import CheckpointError, ConfigError, SparseInputError
@@ -61,6 +60,7 @@ from ctrctl.modules.optimizers import (
     unsupported_optimizer_error,
 )
 from ctrctl.modules.row_cache import WAYS, RowFile, SetAssociativeRowCache, hashed_uniform
+from ctrctl.modules.torch_embedding import pool_bags, row_gradients
 from ctrctl.sparse.ops import complete_cumsum, segment_ranges
 
 __all__ = ["CachedEmbeddingBag", "hashed_init_weight", "table_seed"]
@@ -126,13 +126,8 @@ class _CachedLookup(torch.autograd.Function):
     ) -> torch.Tensor:
         cache = kernel.caches[table]
         slots = lookup.slot_per_id
-        pooled = F.embedding_bag(
-            slots, cache.weight, offsets, mode="sum",
-            per_sample_weights=per_sample_weights, include_last_offset=True,
-        )  # (bags, D)
-        lengths = offsets[1:] - offsets[:-1]
-        if kernel.pooling == "mean":
-            pooled = pooled / lengths.clamp(min=1).unsqueeze(1).to(pooled.dtype)
+        pooled, lengths = pool_bags(slots, cache.weight, offsets, kernel.pooling,
+                                    per_sample_weights)  # (bags, D)
         ctx.kernel, ctx.table, ctx.lookup = kernel, table, lookup
         ctx.save_for_backward(slots, lengths, per_sample_weights)
         ctx.has_weights = per_sample_weights is not None
@@ -145,21 +140,11 @@ class _CachedLookup(torch.autograd.Function):
         kernel.wait_prefetch()  # a prefetch in flight must not see rows change under it
         cache = kernel.caches[ctx.table]
         weight = cache.weight
-        if kernel.pooling == "mean":
-            grad_out = grad_out / lengths.clamp(min=1).unsqueeze(1).to(grad_out.dtype)
-        bag_of_value = torch.repeat_interleave(
-            torch.arange(lengths.numel(), device=lengths.device), lengths,
-            output_size=slots.numel(),
+        # Slots are distinct per row id, so summing per slot sums repeated ids, in id order.
+        rows, summed, grad_weights = row_gradients(
+            grad_out, slots, lengths, weight, kernel.pooling,
+            per_sample_weights if ctx.has_weights else None, ctx.needs_input_grad[5],
         )
-        grad_values = grad_out[bag_of_value]  # (n, D)
-        grad_weights = None
-        if ctx.has_weights:
-            if ctx.needs_input_grad[5]:
-                grad_weights = (grad_values * weight[slots]).sum(dim=1)  # before the update
-            grad_values = grad_values * per_sample_weights.unsqueeze(1)
-        rows, inverse = torch.unique(slots, return_inverse=True)
-        summed = torch.zeros(rows.numel(), weight.size(1), dtype=grad_values.dtype)
-        summed.index_add_(0, inverse, grad_values)  # repeated ids summed first, in id order
         apply_sparse_update(kernel.optimizer, kernel.learning_rate, weight, cache.state, rows,
                             summed)
         cache.mark_dirty(rows.numpy())
