@@ -52,7 +52,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctrctl.errors import CheckpointError, ConfigError, SparseInputError
+from ctrctl.errors import ConfigError, SparseInputError
+from ctrctl.modules.embedding_kernel import (
+    batch_of,
+    copy_optimizer_states,
+    copy_weights,
+    table_layout,
+)
 from ctrctl.modules.optimizers import (
     CPU_OPTIMIZERS,
     EmbeddingOptimizerConfig,
@@ -194,13 +200,10 @@ class CachedEmbeddingBag(nn.Module):
             raise unsupported_optimizer_error(self.optimizer.kind, torch.device("cpu"), "cached")
         if pooling not in ("sum", "mean"):
             raise ConfigError(f"unknown pooling {pooling!r}", where="CachedEmbeddingBag")
-        self.tables = [(int(r), int(d)) for r, d in tables]
-        if not self.tables:
-            raise ConfigError("no tables", where="CachedEmbeddingBag", hint="give at least one")
-        n = len(self.tables)
-        self.feature_table_map = list(
-            feature_table_map if feature_table_map is not None else range(n)
+        self.tables, self.feature_table_map = table_layout(
+            tables, feature_table_map, "CachedEmbeddingBag"
         )
+        n = len(self.tables)
         self.pooling = pooling
         self.device = torch.device("cpu")
         self.feature_dims = [self.tables[t][1] for t in self.feature_table_map]
@@ -248,13 +251,7 @@ class CachedEmbeddingBag(nn.Module):
         if indices.device.type != "cpu":
             raise ConfigError("the cached kernel runs on CPU", where="CachedEmbeddingBag",
                               hint="keep the sparse features on the CPU")
-        num_features = len(self.feature_table_map)
-        if (offsets.numel() - 1) % num_features:
-            raise SparseInputError(
-                f"{offsets.numel()} offsets do not split into {num_features} features",
-                where="CachedEmbeddingBag",
-            )
-        return (offsets.numel() - 1) // num_features
+        return batch_of(offsets, len(self.feature_table_map), "CachedEmbeddingBag")
 
     def _positions(self, offsets: torch.Tensor, batch: int, table: int) -> torch.Tensor:
         chosen = torch.tensor(self._table_features[table])
@@ -408,21 +405,9 @@ class CachedEmbeddingBag(nn.Module):
         self._settle()
         return [torch.from_numpy(cache.store.weight) for cache in self.caches]
 
-    @torch.no_grad()
     def load_weights(self, weights: Sequence[torch.Tensor]) -> None:
         """Copy one (rows, dim) tensor per table into the files."""
-        targets = self.split_weights()
-        if len(weights) != len(targets):
-            raise CheckpointError(f"{len(weights)} weights for {len(targets)} tables",
-                                  where="CachedEmbeddingBag")
-        for t, (target, source) in enumerate(zip(targets, weights, strict=True)):
-            if tuple(source.shape) != tuple(target.shape):
-                raise CheckpointError(
-                    f"table {t}: weight of shape {tuple(source.shape)} does not fit "
-                    f"{tuple(target.shape)}",
-                    where="CachedEmbeddingBag.load_weights",
-                )
-            target.copy_(source)
+        copy_weights(self.split_weights(), weights, "CachedEmbeddingBag")
 
     def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
         """Per table, the optimizer state as views of the files (as ``BatchedEmbeddingBag``)."""
@@ -430,22 +415,9 @@ class CachedEmbeddingBag(nn.Module):
         return [{k: torch.from_numpy(a) for k, a in cache.store.states.items()}
                 for cache in self.caches]
 
-    @torch.no_grad()
     def load_optimizer_state(self, states: Sequence[dict[str, torch.Tensor]]) -> None:
         """Copy per-table optimizer state into the files."""
-        targets = self.optimizer_state()
-        if len(states) != len(targets):
-            raise CheckpointError(f"{len(states)} optimizer states for {len(targets)} tables",
-                                  where="CachedEmbeddingBag")
-        for t, (target, source) in enumerate(zip(targets, states, strict=True)):
-            if set(target) != set(source):
-                raise CheckpointError(
-                    f"table {t}: optimizer state has {sorted(source)}, expected {sorted(target)}",
-                    where="CachedEmbeddingBag.load_optimizer_state",
-                    hint="resume with the same embedding optimizer",
-                )
-            for name, tensor in target.items():
-                tensor.copy_(source[name].reshape(tensor.shape))
+        copy_optimizer_states(self.optimizer_state(), states, "CachedEmbeddingBag")
 
     def close(self) -> None:
         """Stop the worker and delete the table files."""
