@@ -136,7 +136,6 @@ class _CachedLookup(torch.autograd.Function):
                                     per_sample_weights)  # (bags, D)
         ctx.kernel, ctx.table, ctx.lookup = kernel, table, lookup
         ctx.save_for_backward(slots, lengths, per_sample_weights)
-        ctx.has_weights = per_sample_weights is not None
         return pooled
 
     @staticmethod
@@ -149,7 +148,7 @@ class _CachedLookup(torch.autograd.Function):
         # Slots are distinct per row id, so summing per slot sums repeated ids, in id order.
         rows, summed, grad_weights = row_gradients(
             grad_out, slots, lengths, weight, kernel.pooling,
-            per_sample_weights if ctx.has_weights else None, ctx.needs_input_grad[5],
+            per_sample_weights, ctx.needs_input_grad[5],
         )
         apply_sparse_update(kernel.optimizer, kernel.learning_rate, weight, cache.state, rows,
                             summed)

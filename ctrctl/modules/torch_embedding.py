@@ -140,7 +140,6 @@ class _PooledLookup(torch.autograd.Function):
         pooled, lengths = pool_bags(indices, weight, offsets, kernel.pooling, per_sample_weights)
         ctx.kernel, ctx.group = kernel, group
         ctx.save_for_backward(indices, lengths, per_sample_weights)
-        ctx.has_weights = per_sample_weights is not None
         return pooled
 
     @staticmethod
@@ -150,7 +149,7 @@ class _PooledLookup(torch.autograd.Function):
         weight = kernel.flat_weights[ctx.group]
         rows, summed, grad_weights = row_gradients(
             grad_out, indices, lengths, weight, kernel.pooling,
-            per_sample_weights if ctx.has_weights else None, ctx.needs_input_grad[5],
+            per_sample_weights, ctx.needs_input_grad[5],
         )
         apply_sparse_update(
             kernel.optimizer, kernel.learning_rate, weight, kernel.states[ctx.group], rows, summed
