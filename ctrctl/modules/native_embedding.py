@@ -215,9 +215,8 @@ class NativeTableBatchedEmbeddingBags(TorchTableBatchedEmbeddingBags):
             return self._meta_cache[1]
         weights, states = [], []
         for t in self.feature_table_map:
-            rows, dim = self.tables[t]
-            g = self._group_of_table[t]
-            start = self.groups[g].table_row_offset[t]
+            dim = self.tables[t][1]
+            g, start = self._table_place(t)
             weight = self.flat_weights[g]
             if not weight.is_contiguous() or weight.dtype != torch.float32:
                 raise ConfigError("the native kernel needs contiguous fp32 weights",

@@ -305,12 +305,16 @@ class TorchTableBatchedEmbeddingBags(nn.Module):
                 blocks[f] = per_feature[i]
         return torch.cat(blocks, dim=1)  # type: ignore[arg-type]
 
+    def _table_place(self, table: int) -> tuple[int, int]:
+        """The dim group holding ``table`` and the table's first row in its flat weight."""
+        g = self._group_of_table[table]
+        return g, self.groups[g].table_row_offset[table]
+
     def split_weights(self) -> list[torch.Tensor]:
         """One (rows, dim) view per table into the flat weights (writes go through)."""
         out = []
         for t, (rows, _) in enumerate(self.tables):
-            g = self._group_of_table[t]
-            start = self.groups[g].table_row_offset[t]
+            g, start = self._table_place(t)
             out.append(self.flat_weights[g][start : start + rows])
         return out
 
@@ -318,7 +322,6 @@ class TorchTableBatchedEmbeddingBags(nn.Module):
         """Per table, its optimizer state as views: momentum1 is (rows,) or (rows, dim)."""
         out = []
         for t, (rows, _) in enumerate(self.tables):
-            g = self._group_of_table[t]
-            start = self.groups[g].table_row_offset[t]
+            g, start = self._table_place(t)
             out.append({k: v[start : start + rows] for k, v in self.states[g].items()})
         return out
