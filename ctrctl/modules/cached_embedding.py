@@ -63,6 +63,7 @@ from ctrctl.modules.optimizers import (
     CPU_OPTIMIZERS,
     EmbeddingOptimizerConfig,
     apply_sparse_update,
+    state_shapes,
     unsupported_optimizer_error,
 )
 from ctrctl.modules.row_cache import WAYS, RowFile, SetAssociativeRowCache, hashed_uniform
@@ -85,14 +86,6 @@ def hashed_init_weight(rows: int, dim: int, seed: int, init_range: tuple[float, 
         ids = np.arange(start, min(start + chunk, rows))
         out[start : start + ids.size] = torch.from_numpy(hashed_uniform(seed, ids, dim, *init_range))
     return out
-
-
-def _state_shapes(kind: str, dim: int) -> dict[str, tuple[int, ...]]:
-    if kind == "exact_rowwise_adagrad":
-        return {"momentum1": ()}
-    if kind == "exact_adagrad":
-        return {"momentum1": (dim,)}
-    return {}
 
 
 @dataclasses.dataclass
@@ -231,7 +224,7 @@ class CachedEmbeddingBag(nn.Module):
         self.caches: list[SetAssociativeRowCache] = []
         for t, (rows, dim) in enumerate(self.tables):
             store = RowFile(directory, names[t], rows, dim,
-                            _state_shapes(self.optimizer.kind, dim), seeds[t], ranges[t])
+                            state_shapes(self.optimizer.kind, dim), seeds[t], ranges[t])
             self.caches.append(SetAssociativeRowCache(store, factors[t], ways))
         self._table_features = [
             [f for f, t in enumerate(self.feature_table_map) if t == table] for table in range(n)
