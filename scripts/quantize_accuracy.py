@@ -22,14 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
-from ctrctl.config import load_config
-from ctrctl.data.preprocess import preprocess
-from ctrctl.inference.accuracy import dtype_accuracy
 from ctrctl.io import write_json_atomic
-from ctrctl.testing.datasets import make_dataset
-from ctrctl.training.loop import train
+from ctrctl.testing.accuracy import criteo_sample_accuracy, synthetic_accuracy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,31 +39,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def criteo_rows(folder: Path, work: Path) -> list[dict[str, Any]]:
-    schema = yaml.safe_load((ROOT / "schemas" / "criteo.yaml").read_text())
-    for column in schema["columns"]:
-        if column.get("role") == "sparse":
-            column.pop("hash_size", None)
-            column["min_count"] = 10
-    (work / "schema.yaml").write_text(yaml.safe_dump(schema))
-    dataset = work / "criteo"
-    preprocess(work / "schema.yaml", [f"train={folder / 'train.csv'}",
-                                      f"val={folder / 'dev.csv'}",
-                                      f"test={folder / 'test.csv'}"], dataset)
-    result = train(dataset, work / "criteo-run",
-                   load_config(ROOT / "pipelines" / "criteo-sample.yaml"))
-    return dtype_accuracy(result.checkpoint, dataset, ("val", "test"))
+    return criteo_sample_accuracy(folder, work, ROOT)
 
 
 def synthetic_rows(work: Path, quick: bool) -> list[dict[str, Any]]:
     rows = {"train": 10_000, "test": 4_000} if quick else {"train": 40_000, "test": 10_000}
-    data = make_dataset(work / "synthetic", {**rows, "val": 1000}, num_dense=13,
-                        num_sparse=26, num_embeddings=2000, seed=7)
-    config = load_config(None, [
-        "model.embedding_dim=16", "model.dense_arch=[64,16]", "model.over_arch=[64,1]",
-        "training.batch_size=256", "training.epochs=2", "training.val_every=0",
-        "training.checkpoint_every=0", "training.num_workers=1", "training.device=cpu"])
-    result = train(data.path, work / "synthetic-run", config)
-    return dtype_accuracy(result.checkpoint, data.path, ("test",))
+    return synthetic_accuracy(work, {**rows, "val": 1000})
 
 
 def _print(name: str, rows: list[dict[str, Any]]) -> None:

@@ -340,8 +340,9 @@ def _run(
     counts: list[dict[str, dict[str, int]]] = []
     try:
         for job in jobs:
-            counts.append(_stream_job(schema, job, kinds, vocabs, staged, on_bad_rows,
-                                      row_group_size, progress))
+            with reading(job.source.path):  # a truncated gzip input: one clear error
+                counts.append(_stream_job(schema, job, kinds, vocabs, staged, on_bad_rows,
+                                          row_group_size, progress))
     finally:
         progress.finish()
     timings["stream"] = time.perf_counter() - t0
@@ -440,24 +441,10 @@ def _stream_job(
     """Stream one input to its Parquet parts; returns per-split counts.
 
     Inputs the native parser can take go through it (``ctrctl.data.fastpath``); the rest, and
-    any input with a row it does not take, go through polars. A truncated gzip input is one
-    error naming the line where its data stops.
+    any input with a row it does not take, go through polars. The caller reads it inside
+    :func:`reading`, so a truncated gzip input is one error naming the line where its data
+    stops.
     """
-    with reading(job.source.path):
-        return _stream_one(schema, job, kinds, vocabs, staged, on_bad_rows, row_group_size,
-                           progress)
-
-
-def _stream_one(
-    schema: Schema,
-    job: _Job,
-    kinds: dict[str, tuple[str, int | None, bool]],
-    vocabs: dict[str, pl.DataFrame],
-    staged: bool,
-    on_bad_rows: BadRows,
-    row_group_size: int,
-    progress: Progress,
-) -> dict[str, dict[str, int]]:
     possible = _possible_splits(job)
     job.targets = [t for t in job.targets if t.split in possible]
     paths = {t.split: t.path for t in job.targets}

@@ -28,8 +28,13 @@ import torch
 from torch import nn
 
 from ctrctl.compat import fbgemm_available
-from ctrctl.errors import CheckpointError, ConfigError
-from ctrctl.modules.embedding_kernel import EmbeddingKernel
+from ctrctl.errors import ConfigError
+from ctrctl.modules.embedding_kernel import (
+    EmbeddingKernel,
+    copy_optimizer_states,
+    copy_weights,
+    table_layout,
+)
 from ctrctl.modules.fbgemm_embedding import FbgemmTableBatchedEmbeddingBags, fbgemm_cannot_run
 from ctrctl.modules.native_embedding import NativeTableBatchedEmbeddingBags, native_cannot_run
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
@@ -148,18 +153,9 @@ class BatchedEmbeddingBag(nn.Module):
         super().__init__()
         self.optimizer = optimizer or EmbeddingOptimizerConfig()
         self.device = torch.device(device or "cpu")
-        self.tables = [(int(r), int(d)) for r, d in tables]
-        if not self.tables:
-            raise ConfigError("no tables", where="BatchedEmbeddingBag", hint="give at least one")
-        self.feature_table_map = list(
-            feature_table_map if feature_table_map is not None else range(len(self.tables))
+        self.tables, self.feature_table_map = table_layout(
+            tables, feature_table_map, "BatchedEmbeddingBag"
         )
-        bad = [t for t in self.feature_table_map if not 0 <= t < len(self.tables)]
-        if bad:
-            raise ConfigError(
-                f"feature_table_map names tables {bad} but there are {len(self.tables)}",
-                where="BatchedEmbeddingBag",
-            )
         self.backend = resolve_backend(
             backend, self.tables, self.optimizer, self.device, data_type, self.feature_table_map
         )
@@ -210,53 +206,18 @@ class BatchedEmbeddingBag(nn.Module):
         through; clone them to keep a snapshot)."""
         return self.kernel.split_weights()
 
-    @torch.no_grad()
     def load_weights(self, weights: Sequence[torch.Tensor]) -> None:
         """Copy one (rows, dim) tensor per table into the kernel."""
-        targets = self.split_weights()
-        if len(weights) != len(targets):
-            raise CheckpointError(
-                f"{len(weights)} weights for {len(targets)} tables", where="BatchedEmbeddingBag"
-            )
-        for t, (target, source) in enumerate(zip(targets, weights, strict=True)):
-            if tuple(source.shape) != tuple(target.shape):
-                raise CheckpointError(
-                    f"table {t}: weight of shape {tuple(source.shape)} does not fit "
-                    f"{tuple(target.shape)}",
-                    where="BatchedEmbeddingBag.load_weights",
-                    hint="load a checkpoint made with the same table sizes",
-                )
-            target.copy_(source)
+        copy_weights(self.split_weights(), weights, "BatchedEmbeddingBag")
 
     def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
         """Per table, the fused optimizer's state (views): {"momentum1": (rows,)} for
         exact_rowwise_adagrad, {"momentum1": (rows, dim)} for exact_adagrad, {} for exact_sgd."""
         return self.kernel.split_optimizer_states()
 
-    @torch.no_grad()
     def load_optimizer_state(self, states: Sequence[dict[str, torch.Tensor]]) -> None:
         """Copy per-table optimizer state (as :meth:`optimizer_state` returns it)."""
-        targets = self.optimizer_state()
-        if len(states) != len(targets):
-            raise CheckpointError(
-                f"{len(states)} optimizer states for {len(targets)} tables",
-                where="BatchedEmbeddingBag",
-            )
-        for t, (target, source) in enumerate(zip(targets, states, strict=True)):
-            if set(target) != set(source):
-                raise CheckpointError(
-                    f"table {t}: optimizer state has {sorted(source)}, expected {sorted(target)}",
-                    where="BatchedEmbeddingBag.load_optimizer_state",
-                    hint="resume with the same embedding optimizer",
-                )
-            for name, tensor in target.items():
-                if tensor.numel() != source[name].numel():
-                    raise CheckpointError(
-                        f"table {t}: {name} has {source[name].numel()} entries, "
-                        f"expected {tensor.numel()}",
-                        where="BatchedEmbeddingBag.load_optimizer_state",
-                    )
-                tensor.copy_(source[name].reshape(tensor.shape))
+        copy_optimizer_states(self.optimizer_state(), states, "BatchedEmbeddingBag")
 
     def set_learning_rate(self, lr: float) -> None:
         """Change the fused optimizer's learning rate (for schedules)."""

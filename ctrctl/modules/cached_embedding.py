@@ -50,17 +50,24 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ctrctl.errors import CheckpointError, ConfigError, SparseInputError
+from ctrctl.errors import ConfigError, SparseInputError
+from ctrctl.modules.embedding_kernel import (
+    batch_of,
+    copy_optimizer_states,
+    copy_weights,
+    table_layout,
+)
 from ctrctl.modules.optimizers import (
     CPU_OPTIMIZERS,
     EmbeddingOptimizerConfig,
     apply_sparse_update,
+    state_shapes,
     unsupported_optimizer_error,
 )
 from ctrctl.modules.row_cache import WAYS, RowFile, SetAssociativeRowCache, hashed_uniform
+from ctrctl.modules.torch_embedding import pool_bags, row_gradients
 from ctrctl.sparse.ops import complete_cumsum, segment_ranges
 
 __all__ = ["CachedEmbeddingBag", "hashed_init_weight", "table_seed"]
@@ -79,14 +86,6 @@ def hashed_init_weight(rows: int, dim: int, seed: int, init_range: tuple[float, 
         ids = np.arange(start, min(start + chunk, rows))
         out[start : start + ids.size] = torch.from_numpy(hashed_uniform(seed, ids, dim, *init_range))
     return out
-
-
-def _state_shapes(kind: str, dim: int) -> dict[str, tuple[int, ...]]:
-    if kind == "exact_rowwise_adagrad":
-        return {"momentum1": ()}
-    if kind == "exact_adagrad":
-        return {"momentum1": (dim,)}
-    return {}
 
 
 @dataclasses.dataclass
@@ -126,16 +125,10 @@ class _CachedLookup(torch.autograd.Function):
     ) -> torch.Tensor:
         cache = kernel.caches[table]
         slots = lookup.slot_per_id
-        pooled = F.embedding_bag(
-            slots, cache.weight, offsets, mode="sum",
-            per_sample_weights=per_sample_weights, include_last_offset=True,
-        )  # (bags, D)
-        lengths = offsets[1:] - offsets[:-1]
-        if kernel.pooling == "mean":
-            pooled = pooled / lengths.clamp(min=1).unsqueeze(1).to(pooled.dtype)
+        pooled, lengths = pool_bags(slots, cache.weight, offsets, kernel.pooling,
+                                    per_sample_weights)  # (bags, D)
         ctx.kernel, ctx.table, ctx.lookup = kernel, table, lookup
         ctx.save_for_backward(slots, lengths, per_sample_weights)
-        ctx.has_weights = per_sample_weights is not None
         return pooled
 
     @staticmethod
@@ -145,21 +138,11 @@ class _CachedLookup(torch.autograd.Function):
         kernel.wait_prefetch()  # a prefetch in flight must not see rows change under it
         cache = kernel.caches[ctx.table]
         weight = cache.weight
-        if kernel.pooling == "mean":
-            grad_out = grad_out / lengths.clamp(min=1).unsqueeze(1).to(grad_out.dtype)
-        bag_of_value = torch.repeat_interleave(
-            torch.arange(lengths.numel(), device=lengths.device), lengths,
-            output_size=slots.numel(),
+        # Slots are distinct per row id, so summing per slot sums repeated ids, in id order.
+        rows, summed, grad_weights = row_gradients(
+            grad_out, slots, lengths, weight, kernel.pooling,
+            per_sample_weights, ctx.needs_input_grad[5],
         )
-        grad_values = grad_out[bag_of_value]  # (n, D)
-        grad_weights = None
-        if ctx.has_weights:
-            if ctx.needs_input_grad[5]:
-                grad_weights = (grad_values * weight[slots]).sum(dim=1)  # before the update
-            grad_values = grad_values * per_sample_weights.unsqueeze(1)
-        rows, inverse = torch.unique(slots, return_inverse=True)
-        summed = torch.zeros(rows.numel(), weight.size(1), dtype=grad_values.dtype)
-        summed.index_add_(0, inverse, grad_values)  # repeated ids summed first, in id order
         apply_sparse_update(kernel.optimizer, kernel.learning_rate, weight, cache.state, rows,
                             summed)
         cache.mark_dirty(rows.numpy())
@@ -209,13 +192,10 @@ class CachedEmbeddingBag(nn.Module):
             raise unsupported_optimizer_error(self.optimizer.kind, torch.device("cpu"), "cached")
         if pooling not in ("sum", "mean"):
             raise ConfigError(f"unknown pooling {pooling!r}", where="CachedEmbeddingBag")
-        self.tables = [(int(r), int(d)) for r, d in tables]
-        if not self.tables:
-            raise ConfigError("no tables", where="CachedEmbeddingBag", hint="give at least one")
-        n = len(self.tables)
-        self.feature_table_map = list(
-            feature_table_map if feature_table_map is not None else range(n)
+        self.tables, self.feature_table_map = table_layout(
+            tables, feature_table_map, "CachedEmbeddingBag"
         )
+        n = len(self.tables)
         self.pooling = pooling
         self.device = torch.device("cpu")
         self.feature_dims = [self.tables[t][1] for t in self.feature_table_map]
@@ -244,7 +224,7 @@ class CachedEmbeddingBag(nn.Module):
         self.caches: list[SetAssociativeRowCache] = []
         for t, (rows, dim) in enumerate(self.tables):
             store = RowFile(directory, names[t], rows, dim,
-                            _state_shapes(self.optimizer.kind, dim), seeds[t], ranges[t])
+                            state_shapes(self.optimizer.kind, dim), seeds[t], ranges[t])
             self.caches.append(SetAssociativeRowCache(store, factors[t], ways))
         self._table_features = [
             [f for f, t in enumerate(self.feature_table_map) if t == table] for table in range(n)
@@ -263,13 +243,7 @@ class CachedEmbeddingBag(nn.Module):
         if indices.device.type != "cpu":
             raise ConfigError("the cached kernel runs on CPU", where="CachedEmbeddingBag",
                               hint="keep the sparse features on the CPU")
-        num_features = len(self.feature_table_map)
-        if (offsets.numel() - 1) % num_features:
-            raise SparseInputError(
-                f"{offsets.numel()} offsets do not split into {num_features} features",
-                where="CachedEmbeddingBag",
-            )
-        return (offsets.numel() - 1) // num_features
+        return batch_of(offsets, len(self.feature_table_map), "CachedEmbeddingBag")
 
     def _positions(self, offsets: torch.Tensor, batch: int, table: int) -> torch.Tensor:
         chosen = torch.tensor(self._table_features[table])
@@ -423,21 +397,9 @@ class CachedEmbeddingBag(nn.Module):
         self._settle()
         return [torch.from_numpy(cache.store.weight) for cache in self.caches]
 
-    @torch.no_grad()
     def load_weights(self, weights: Sequence[torch.Tensor]) -> None:
         """Copy one (rows, dim) tensor per table into the files."""
-        targets = self.split_weights()
-        if len(weights) != len(targets):
-            raise CheckpointError(f"{len(weights)} weights for {len(targets)} tables",
-                                  where="CachedEmbeddingBag")
-        for t, (target, source) in enumerate(zip(targets, weights, strict=True)):
-            if tuple(source.shape) != tuple(target.shape):
-                raise CheckpointError(
-                    f"table {t}: weight of shape {tuple(source.shape)} does not fit "
-                    f"{tuple(target.shape)}",
-                    where="CachedEmbeddingBag.load_weights",
-                )
-            target.copy_(source)
+        copy_weights(self.split_weights(), weights, "CachedEmbeddingBag")
 
     def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
         """Per table, the optimizer state as views of the files (as ``BatchedEmbeddingBag``)."""
@@ -445,22 +407,9 @@ class CachedEmbeddingBag(nn.Module):
         return [{k: torch.from_numpy(a) for k, a in cache.store.states.items()}
                 for cache in self.caches]
 
-    @torch.no_grad()
     def load_optimizer_state(self, states: Sequence[dict[str, torch.Tensor]]) -> None:
         """Copy per-table optimizer state into the files."""
-        targets = self.optimizer_state()
-        if len(states) != len(targets):
-            raise CheckpointError(f"{len(states)} optimizer states for {len(targets)} tables",
-                                  where="CachedEmbeddingBag")
-        for t, (target, source) in enumerate(zip(targets, states, strict=True)):
-            if set(target) != set(source):
-                raise CheckpointError(
-                    f"table {t}: optimizer state has {sorted(source)}, expected {sorted(target)}",
-                    where="CachedEmbeddingBag.load_optimizer_state",
-                    hint="resume with the same embedding optimizer",
-                )
-            for name, tensor in target.items():
-                tensor.copy_(source[name].reshape(tensor.shape))
+        copy_optimizer_states(self.optimizer_state(), states, "CachedEmbeddingBag")
 
     def close(self) -> None:
         """Stop the worker and delete the table files."""

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ctrctl.errors import ConfigError
+from ctrctl.modules.embedding_kernel import table_layout
 from ctrctl.modules.optimizers import (
     CPU_OPTIMIZERS,
     EmbeddingOptimizerConfig,
@@ -104,9 +105,8 @@ class FbgemmTableBatchedEmbeddingBags(nn.Module):
 
         self.optimizer = optimizer or EmbeddingOptimizerConfig()
         device = torch.device(device or "cpu")
-        self.tables = [(int(r), int(d)) for r, d in tables]
-        self.feature_table_map = list(
-            feature_table_map if feature_table_map is not None else range(len(self.tables))
+        self.tables, self.feature_table_map = table_layout(
+            tables, feature_table_map, "FbgemmTableBatchedEmbeddingBags"
         )
         reason = fbgemm_cannot_run(self.tables, self.optimizer, device, self.feature_table_map)
         if reason is not None:

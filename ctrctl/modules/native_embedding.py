@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from ctrctl.errors import ConfigError, SparseInputError
+from ctrctl.modules.embedding_kernel import batch_of
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.modules.torch_embedding import TorchTableBatchedEmbeddingBags
 
@@ -214,9 +215,8 @@ class NativeTableBatchedEmbeddingBags(TorchTableBatchedEmbeddingBags):
             return self._meta_cache[1]
         weights, states = [], []
         for t in self.feature_table_map:
-            rows, dim = self.tables[t]
-            g = self._group_of_table[t]
-            start = self.groups[g].table_row_offset[t]
+            dim = self.tables[t][1]
+            g, start = self._table_place(t)
             weight = self.flat_weights[g]
             if not weight.is_contiguous() or weight.dtype != torch.float32:
                 raise ConfigError("the native kernel needs contiguous fp32 weights",
@@ -242,18 +242,8 @@ class NativeTableBatchedEmbeddingBags(TorchTableBatchedEmbeddingBags):
         offsets: torch.Tensor,
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Pooled embeddings (B, sum of feature dims), features in ``feature_table_map`` order.
-
-        Args:
-            indices: 1-D int ids, feature-major (all ids of feature 0 first).
-            offsets: (T * B + 1,) bag boundaries into ``indices``.
-            per_sample_weights: optional 1-D float weight per id.
-        """
-        if (offsets.numel() - 1) % self.num_features:
-            raise SparseInputError(
-                f"{offsets.numel()} offsets do not make {self.num_features} features of "
-                "equal batch", where="NativeTableBatchedEmbeddingBags",
-                hint="pass T * B + 1 offsets")
+        """As :meth:`TorchTableBatchedEmbeddingBags.forward`; ids of any int dtype."""
+        batch_of(offsets, self.num_features, "NativeTableBatchedEmbeddingBags")
         indices = indices.to(torch.int64).contiguous()
         offsets = offsets.to(torch.int64).contiguous()
         first, last = int(offsets[0]), int(offsets[-1])

@@ -152,13 +152,21 @@ def unsupported_optimizer_error(kind: str, device: torch.device, backend: str) -
     )
 
 
+def state_shapes(kind: str, dim: int) -> dict[str, tuple[int, ...]]:
+    """The optimizer state of one row, by name: () a scalar, (dim,) one value per column."""
+    if kind == "exact_rowwise_adagrad":
+        return {"momentum1": ()}
+    if kind == "exact_adagrad":
+        return {"momentum1": (dim,)}
+    return {}
+
+
 def init_state(kind: str, rows: int, dim: int, device: torch.device) -> dict[str, torch.Tensor]:
     """Zeroed optimizer state for one flat (rows, dim) weight."""
-    if kind == "exact_rowwise_adagrad":
-        return {"momentum1": torch.zeros(rows, device=device)}
-    if kind == "exact_adagrad":
-        return {"momentum1": torch.zeros(rows, dim, device=device)}
-    return {}
+    return {
+        name: torch.zeros(rows, *shape, device=device)
+        for name, shape in state_shapes(kind, dim).items()
+    }
 
 
 @torch.no_grad()

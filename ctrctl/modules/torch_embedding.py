@@ -33,6 +33,85 @@ from ctrctl.modules.optimizers import (
 from ctrctl.sparse.ops import complete_cumsum, segment_ranges
 
 
+def pool_bags(
+    ids: torch.Tensor,
+    weight: torch.Tensor,
+    offsets: torch.Tensor,
+    pooling: str,
+    per_sample_weights: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pooled rows of ``weight`` per bag, and each bag's length.
+
+    Args:
+        ids: 1-D row of ``weight`` per value.
+        weight: (rows, D).
+        offsets: (bags + 1,) bag boundaries into ``ids``.
+        pooling: "sum" or "mean" (an empty bag pools to zeros either way).
+        per_sample_weights: optional 1-D weight per value.
+
+    Returns:
+        (bags, D) pooled embeddings and (bags,) lengths.
+    """
+    pooled = F.embedding_bag(
+        ids,
+        weight,
+        offsets,
+        mode="sum",
+        per_sample_weights=per_sample_weights,
+        include_last_offset=True,
+    )  # (bags, D)
+    lengths = offsets[1:] - offsets[:-1]
+    if pooling == "mean":
+        pooled = pooled / lengths.clamp(min=1).unsqueeze(1).to(pooled.dtype)
+    return pooled, lengths
+
+
+def row_gradients(
+    grad_out: torch.Tensor,
+    ids: torch.Tensor,
+    lengths: torch.Tensor,
+    weight: torch.Tensor,
+    pooling: str,
+    per_sample_weights: torch.Tensor | None,
+    needs_weight_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The backward of :func:`pool_bags`: the gradient of each distinct row, summed.
+
+    Repeated ids are summed first, in the ids' order ("exact" optimizers, as FBGEMM), so every
+    kernel that calls this updates a row with the same bits. Read ``weight`` before updating it:
+    the per-sample-weight gradient needs the old rows.
+
+    Args:
+        grad_out: (bags, D) gradient of the pooled output.
+        ids, lengths: the rows read and the bag lengths, as :func:`pool_bags` saw them.
+        weight: (rows, D).
+        pooling: "sum" or "mean".
+        per_sample_weights: the forward's weights per value, or None.
+        needs_weight_grad: whether to return the gradient of ``per_sample_weights``.
+
+    Returns:
+        The distinct rows (sorted), their (distinct rows, D) summed gradient, and the (n,)
+        gradient of ``per_sample_weights`` (None unless asked for).
+    """
+    if pooling == "mean":
+        grad_out = grad_out / lengths.clamp(min=1).unsqueeze(1).to(grad_out.dtype)
+    bag_of_value = torch.repeat_interleave(
+        torch.arange(lengths.numel(), device=lengths.device),
+        lengths,
+        output_size=ids.numel(),
+    )
+    grad_values = grad_out[bag_of_value]  # (n, D)
+    grad_weights = None
+    if per_sample_weights is not None:
+        if needs_weight_grad:
+            grad_weights = (grad_values * weight[ids]).sum(dim=1)  # before the update
+        grad_values = grad_values * per_sample_weights.unsqueeze(1)
+    rows, inverse = torch.unique(ids, return_inverse=True)
+    summed = torch.zeros(rows.numel(), weight.size(1), dtype=grad_values.dtype, device=weight.device)
+    summed.index_add_(0, inverse, grad_values)  # "exact": repeated ids summed first
+    return rows, summed, grad_weights
+
+
 class _DimGroup:
     """Tables of one dim sharing a flat weight, and the features that look them up."""
 
@@ -58,20 +137,9 @@ class _PooledLookup(torch.autograd.Function):
         per_sample_weights: torch.Tensor | None,
     ) -> torch.Tensor:
         weight = kernel.flat_weights[group]
-        pooled = F.embedding_bag(
-            indices,
-            weight,
-            offsets,
-            mode="sum",
-            per_sample_weights=per_sample_weights,
-            include_last_offset=True,
-        )  # (bags, D)
-        lengths = offsets[1:] - offsets[:-1]
-        if kernel.pooling == "mean":
-            pooled = pooled / lengths.clamp(min=1).unsqueeze(1).to(pooled.dtype)
+        pooled, lengths = pool_bags(indices, weight, offsets, kernel.pooling, per_sample_weights)
         ctx.kernel, ctx.group = kernel, group
         ctx.save_for_backward(indices, lengths, per_sample_weights)
-        ctx.has_weights = per_sample_weights is not None
         return pooled
 
     @staticmethod
@@ -79,24 +147,10 @@ class _PooledLookup(torch.autograd.Function):
         indices, lengths, per_sample_weights = ctx.saved_tensors
         kernel: TorchTableBatchedEmbeddingBags = ctx.kernel
         weight = kernel.flat_weights[ctx.group]
-        if kernel.pooling == "mean":
-            grad_out = grad_out / lengths.clamp(min=1).unsqueeze(1).to(grad_out.dtype)
-        bag_of_value = torch.repeat_interleave(
-            torch.arange(lengths.numel(), device=lengths.device),
-            lengths,
-            output_size=indices.numel(),
+        rows, summed, grad_weights = row_gradients(
+            grad_out, indices, lengths, weight, kernel.pooling,
+            per_sample_weights, ctx.needs_input_grad[5],
         )
-        grad_values = grad_out[bag_of_value]  # (n, D)
-        grad_weights = None
-        if ctx.has_weights:
-            if ctx.needs_input_grad[5]:
-                grad_weights = (grad_values * weight[indices]).sum(dim=1)  # before the update
-            grad_values = grad_values * per_sample_weights.unsqueeze(1)
-        rows, inverse = torch.unique(indices, return_inverse=True)
-        summed = torch.zeros(
-            rows.numel(), weight.size(1), dtype=grad_values.dtype, device=weight.device
-        )
-        summed.index_add_(0, inverse, grad_values)  # "exact": repeated ids summed first
         apply_sparse_update(
             kernel.optimizer, kernel.learning_rate, weight, kernel.states[ctx.group], rows, summed
         )
@@ -251,12 +305,16 @@ class TorchTableBatchedEmbeddingBags(nn.Module):
                 blocks[f] = per_feature[i]
         return torch.cat(blocks, dim=1)  # type: ignore[arg-type]
 
+    def _table_place(self, table: int) -> tuple[int, int]:
+        """The dim group holding ``table`` and the table's first row in its flat weight."""
+        g = self._group_of_table[table]
+        return g, self.groups[g].table_row_offset[table]
+
     def split_weights(self) -> list[torch.Tensor]:
         """One (rows, dim) view per table into the flat weights (writes go through)."""
         out = []
         for t, (rows, _) in enumerate(self.tables):
-            g = self._group_of_table[t]
-            start = self.groups[g].table_row_offset[t]
+            g, start = self._table_place(t)
             out.append(self.flat_weights[g][start : start + rows])
         return out
 
@@ -264,7 +322,6 @@ class TorchTableBatchedEmbeddingBags(nn.Module):
         """Per table, its optimizer state as views: momentum1 is (rows,) or (rows, dim)."""
         out = []
         for t, (rows, _) in enumerate(self.tables):
-            g = self._group_of_table[t]
-            start = self.groups[g].table_row_offset[t]
+            g, start = self._table_place(t)
             out.append({k: v[start : start + rows] for k, v in self.states[g].items()})
         return out

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 
 from ctrctl.config import load_config
 from ctrctl.testing.datasets import SyntheticDataset, make_dataset
+from ctrctl.testing.threads import torch_threads
 from ctrctl.training.loop import train
 
 OVERRIDES = [
@@ -28,10 +28,8 @@ class Trained:
 
 @pytest.fixture(autouse=True)
 def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -40,10 +38,6 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     ds = make_dataset(root / "ds", {"train": 2000, "val": 300, "test": 600}, num_dense=3,
                       num_sparse=5, num_embeddings=[40, 50, 60, 30, 200], row_group_size=256,
                       seed=3)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):  # session-scoped: outside the per-test fixture
         train(ds.path, root / "run", load_config(None, OVERRIDES))
-    finally:
-        torch.set_num_threads(before)
     return Trained(ds, root / "run")

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 
 from ctrctl.config import load_config
 from ctrctl.inference.export import load_artifact, quantize_to_artifact
 from ctrctl.inference.quantize import QuantizeConfig
+from ctrctl.testing.threads import torch_threads
 from ctrctl.tracking import MlflowTracker
 from ctrctl.training.loop import train
 
@@ -35,13 +35,9 @@ def logged(trained: Trained, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     root = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     tracker = MlflowTracker(tracking_uri=uri, experiment="test")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         run = train(trained.dataset.path, root / "run", load_config(None, OVERRIDES),
                     tracker=tracker)
-    finally:
-        torch.set_num_threads(before)
     quantize_to_artifact(run.checkpoint, root / "export", QuantizeConfig(dtype="int8"),
                          tracker=tracker)
     return {"uri": uri, "export": root / "export", "root": root}

@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import torch
+
+from ctrctl.testing.threads import torch_threads
 
 
 @pytest.fixture(autouse=True)
 def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
