@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -499,32 +500,38 @@ class RunnerConfig(_Section):
 
 
 # ---- the whole pipeline --------------------------------------------------------------------
-class PipelineConfig(_Section):
-    """One pipeline YAML: every section optional, defaults where absent.
+# The YAML section ``register:`` shadows the ``register`` classmethod pydantic models inherit
+# from ABCMeta (virtual subclasses), which nothing here calls: pydantic's warning about it is
+# silenced for this one class, so that it is not printed on every import.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message='Field name "register"', category=UserWarning)
 
-    Example:
-        >>> PipelineConfig.model_validate({"training": {"epochs": 3}}).training.epochs
-        3
-    """
+    class PipelineConfig(_Section):
+        """One pipeline YAML: every section optional, defaults where absent.
 
-    name: str = "default"
-    description: str = ""
-    preprocess: PreprocessConfig = PreprocessConfig()
-    plan: PlanConfig = PlanConfig()
-    model: ModelConfig = ModelConfig()
-    embedding_optimizer: EmbeddingOptimizerSection = EmbeddingOptimizerSection()
-    dense_optimizer: DenseOptimizerConfig = DenseOptimizerConfig()
-    training: TrainingConfig = TrainingConfig()
-    eval: EvalConfig = EvalConfig()
-    data: DataConfig = DataConfig()
-    synth: SynthConfig = SynthConfig()
-    quantize: QuantizeStepConfig = QuantizeStepConfig()
-    register: RegisterConfig = RegisterConfig()
-    runner: RunnerConfig = RunnerConfig()
+        Example:
+            >>> PipelineConfig.model_validate({"training": {"epochs": 3}}).training.epochs
+            3
+        """
 
-    def to_dict(self) -> dict[str, Any]:
-        """The resolved config as plain JSON-friendly data (what MLflow and checkpoints keep)."""
-        return self.model_dump(mode="json")
+        name: str = "default"
+        description: str = ""
+        preprocess: PreprocessConfig = PreprocessConfig()
+        plan: PlanConfig = PlanConfig()
+        model: ModelConfig = ModelConfig()
+        embedding_optimizer: EmbeddingOptimizerSection = EmbeddingOptimizerSection()
+        dense_optimizer: DenseOptimizerConfig = DenseOptimizerConfig()
+        training: TrainingConfig = TrainingConfig()
+        eval: EvalConfig = EvalConfig()
+        data: DataConfig = DataConfig()
+        synth: SynthConfig = SynthConfig()
+        quantize: QuantizeStepConfig = QuantizeStepConfig()
+        register: RegisterConfig = RegisterConfig()
+        runner: RunnerConfig = RunnerConfig()
+
+        def to_dict(self) -> dict[str, Any]:
+            """The resolved config as plain JSON-friendly data (what MLflow and checkpoints keep)."""
+            return self.model_dump(mode="json")
 
 
 # ---- loading -----------------------------------------------------------------------------
