@@ -51,7 +51,6 @@ def train_command(
     Without --config: the built-in defaults (see --config); batch size, epochs (a cap) and validation cadence follow from the training rows, and early stopping on the val split ends the run with the best validation's weights.
     """
     from ctrctl.config import load_config
-    from ctrctl.errors import CtrctlError
     from ctrctl.training.launch import TrainSpec, launch_training
     from ctrctl.training.loop import train
     from ctrctl.training.preflight import preflight
@@ -70,10 +69,8 @@ def train_command(
                              overrides=tuple(overrides or ()), resume=resume, overwrite=overwrite,
                              plan=str(plan) if plan else None, track=not no_track,
                              tracking_uri=tracking_uri, experiment=experiment)
-            code = launch_training(spec, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
-            if code:
-                raise CtrctlError(f"training workers failed (exit code {code})",
-                                  hint="the worker lines above name the rank and the error")
+            # A failed rank raises DistributedError naming it (distributed.launch).
+            launch_training(spec, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
             console.print(f"[green]trained[/] with {nproc_per_node * nnodes} processes -> {out}")
             return
         result = train(dataset, out, cfg, resume=resume, overwrite=overwrite,

@@ -65,7 +65,11 @@ def launch_training(
     node_rank: int = 0,
     rdzv_endpoint: str | None = None,
 ) -> int:
-    """Run the training workers of this node through torchrun and wait; returns its exit code."""
+    """Run the training workers of this node through torchrun and wait; 0 when all succeed.
+
+    Raises:
+        DistributedError: a rank failed, naming it and its own cause.
+    """
     env = dict(os.environ)
     # One intra-op thread per rank unless told otherwise: ranks share the node's cores.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
