@@ -299,7 +299,8 @@ def jagged_all_to_all(
 
     Step one exchanges the split sizes (and each rank's batch size) as a small
     ``all_to_all_single``; step two sends lengths and values (and weights) at once, each an
-    ``all_to_all_single`` with those split sizes.
+    ``all_to_all_single`` with those split sizes. :func:`start_jagged_all_to_all` is the
+    same exchange by halves, for a train pipeline that overlaps it with compute.
 
     Args:
         lengths: one 1-D integer tensor per destination rank.
@@ -311,6 +312,83 @@ def jagged_all_to_all(
     Returns:
         A :class:`JaggedExchange` with what every source sent here.
     """
+    return start_jagged_all_to_all(lengths, values, weights, batch_size, group).wait().wait()
+
+
+class JaggedSplits:
+    """The first half of a jagged all-to-all: the split sizes, in flight.
+
+    :meth:`wait` waits for them and launches the second half (lengths, values and weights),
+    returning it as a :class:`JaggedData` to wait on later.
+    """
+
+    def __init__(self, send_lengths: torch.Tensor, send_values: torch.Tensor,
+                 send_weights: torch.Tensor | None, send_sizes: torch.Tensor,
+                 group: ProcessGroup | None) -> None:
+        self._send = (send_lengths, send_values, send_weights)
+        self._send_sizes = send_sizes
+        self._recv_sizes = torch.empty_like(send_sizes)
+        self._group = group
+        with collective("input distribution (split sizes)"):
+            self._work = dist.all_to_all_single(self._recv_sizes, send_sizes, group=group,
+                                                async_op=True)
+
+    def wait(self) -> JaggedData:
+        """Wait for the split sizes; launch the data exchange (returns at once)."""
+        with collective("input distribution (split sizes)"):
+            self._work.wait()
+        send_lengths, send_values, send_weights = self._send
+        send_sizes, recv_sizes, group = self._send_sizes, self._recv_sizes, self._group
+        in_len, in_val = send_sizes[:, 0].tolist(), send_sizes[:, 1].tolist()
+        out_len, out_val = recv_sizes[:, 0].tolist(), recv_sizes[:, 1].tolist()
+        recv_lengths = send_lengths.new_empty(sum(out_len))
+        recv_values = send_values.new_empty(sum(out_val))
+        recv_weights = None
+        with collective("input distribution (lengths and values)"):
+            works = [
+                dist.all_to_all_single(recv_lengths, send_lengths, out_len, in_len,
+                                       group=group, async_op=True),
+                dist.all_to_all_single(recv_values, send_values, out_val, in_val,
+                                       group=group, async_op=True),
+            ]
+            if send_weights is not None:
+                recv_weights = send_weights.new_empty(sum(out_val))
+                works.append(dist.all_to_all_single(recv_weights, send_weights, out_val,
+                                                    in_val, group=group, async_op=True))
+        exchange = JaggedExchange(recv_lengths, recv_values, recv_weights, out_len, out_val,
+                                  recv_sizes[:, 2].tolist())
+        return JaggedData(exchange, works)
+
+
+class JaggedData:
+    """The second half of a jagged all-to-all in flight; :meth:`wait` gives what arrived."""
+
+    def __init__(self, exchange: JaggedExchange, works: list[Any]) -> None:
+        self._exchange, self._works = exchange, works
+
+    def wait(self) -> JaggedExchange:
+        with collective("input distribution (lengths and values)"):
+            while self._works:
+                self._works.pop().wait()
+        return self._exchange
+
+
+def start_jagged_all_to_all(
+    lengths: Sequence[torch.Tensor],
+    values: Sequence[torch.Tensor],
+    weights: Sequence[torch.Tensor] | None,
+    batch_size: int,
+    group: ProcessGroup | None = None,
+) -> JaggedSplits:
+    """Launch a jagged all-to-all's split-size exchange; see :func:`jagged_all_to_all`.
+
+    Every rank must start its exchanges in the same order (they are matched by order).
+
+    Example:
+        >>> splits = start_jagged_all_to_all(lengths, values, None, batch)   # returns at once
+        >>> data = splits.wait()            # sizes known; lengths and values now in flight
+        >>> received = data.wait()          # a JaggedExchange
+    """
     world = dist.get_world_size(group)
     if len(lengths) != world or len(values) != world:
         raise DistributedError(f"jagged_all_to_all needs one tensor per rank ({world})",
@@ -318,32 +396,9 @@ def jagged_all_to_all(
     send_sizes = torch.tensor([[t.numel(), v.numel(), batch_size]
                                for t, v in zip(lengths, values, strict=True)], dtype=torch.int64,
                               device=values[0].device if values else None)
-    recv_sizes = torch.empty_like(send_sizes)
-    with collective("input distribution (split sizes)"):
-        dist.all_to_all_single(recv_sizes, send_sizes, group=group)
-    in_len, in_val = send_sizes[:, 0].tolist(), send_sizes[:, 1].tolist()
-    out_len, out_val = recv_sizes[:, 0].tolist(), recv_sizes[:, 1].tolist()
-    send_lengths = torch.cat(list(lengths))
-    send_values = torch.cat(list(values))
-    recv_lengths = send_lengths.new_empty(sum(out_len))
-    recv_values = send_values.new_empty(sum(out_val))
-    recv_weights = None
-    with collective("input distribution (lengths and values)"):
-        works = [
-            dist.all_to_all_single(recv_lengths, send_lengths, out_len, in_len, group=group,
-                                   async_op=True),
-            dist.all_to_all_single(recv_values, send_values, out_val, in_val, group=group,
-                                   async_op=True),
-        ]
-        if weights is not None:
-            send_weights = torch.cat(list(weights))
-            recv_weights = send_weights.new_empty(sum(out_val))
-            works.append(dist.all_to_all_single(recv_weights, send_weights, out_val, in_val,
-                                                group=group, async_op=True))
-        for work in works:
-            work.wait()
-    return JaggedExchange(recv_lengths, recv_values, recv_weights, out_len, out_val,
-                          recv_sizes[:, 2].tolist())
+    send_weights = torch.cat(list(weights)) if weights is not None else None
+    return JaggedSplits(torch.cat(list(lengths)), torch.cat(list(values)), send_weights,
+                        send_sizes, group)
 
 
 # ---- pooled all-to-all (output distribution) -------------------------------------------------

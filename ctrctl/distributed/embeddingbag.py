@@ -17,18 +17,22 @@ Example:
     >>> sharder = EmbeddingBagCollectionSharder()
     >>> sharded = sharder.shard(ebc, plan)          # on every rank, same plan
     >>> pooled = sharded(kjt)                       # KeyedTensor, (B_local, sum of dims)
+    >>> dist_input = sharded.input_dist(kjt)        # the same by stages (a train pipeline)
+    >>> dist_input.launch()
+    >>> pooled = sharded.compute_and_output_dist(dist_input)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ctrctl.distributed.sharding.base import EmbeddingSharding, LocalShard
+from ctrctl.distributed.sharding.base import EmbeddingSharding, LocalShard, PendingInput
 from ctrctl.distributed.sharding.cw import CwSharding
 from ctrctl.distributed.sharding.dp import DpSharding
 from ctrctl.distributed.sharding.rw import RwSharding
@@ -55,6 +59,24 @@ SHARDING_CLASSES: dict[str, type[EmbeddingSharding]] = {
     ShardingType.ROW_WISE.value: RwSharding,
     ShardingType.TABLE_ROW_WISE.value: TwrwSharding,
 }
+
+
+@dataclass
+class EBCInputDist:
+    """A batch's input distribution in flight, one entry per sharding group (in run order).
+
+    Attributes:
+        pending: each group's started stage 1.
+        lengths: each group's (F_g, B_local) input lengths (output dist needs them).
+    """
+
+    pending: list[PendingInput[Any]]
+    lengths: list[torch.Tensor]
+
+    def launch(self) -> None:
+        """Put every group's data exchange in flight (after the split sizes arrive)."""
+        for p in self.pending:
+            p.launch()
 
 
 class ShardedEmbeddingBagCollection(nn.Module):
@@ -124,9 +146,20 @@ class ShardedEmbeddingBagCollection(nn.Module):
         """One group per sharding type present, in the order they run."""
         return [cast(EmbeddingSharding, g) for g in self.groups.values()]
 
-    # ---- forward ----------------------------------------------------------------------------
+    # ---- forward, by stages ------------------------------------------------------------------
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings of this rank's samples: (B_local, sum of the features' dims)."""
+        return self.compute_and_output_dist(self.input_dist(features))
+
+    def input_dist(self, features: KeyedJaggedTensor) -> EBCInputDist:
+        """Stage 1 of every group, started: permute each group's features out of the batch,
+        route them and put their exchanges in flight (split sizes first).
+
+        The result's :meth:`EBCInputDist.launch` sends the ids once the sizes are known;
+        :meth:`compute_and_output_dist` waits for them. A train pipeline calls this for batch
+        i+1 before batch i's forward, ``launch`` after it, so the ids travel while batch i
+        runs backward. Every rank must start its input dists in the same order.
+        """
         keys = features.keys()
         index = {k: i for i, k in enumerate(keys)}
         absent = [f for f in self.feature_names if f not in index]
@@ -137,7 +170,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         batch = features.stride()
         lengths = features.lengths().view(len(keys), batch)
         values, weights = features.values(), features.weights_or_none()
-        outputs = []
+        pending, group_lengths = [], []
         for group in self.sharding_groups():
             wanted = [index[f] for f in group.feature_names]
             if wanted == list(range(len(keys))):
@@ -145,7 +178,18 @@ class ShardedEmbeddingBagCollection(nn.Module):
             else:
                 perm = torch.tensor(wanted, dtype=torch.long)
                 g_len, g_val, g_wt = permute_2d_sparse(perm, lengths, values, weights)
-            outputs.append(group(g_len, g_val, g_wt))                          # (B, D_g)
+            pending.append(group.start_input_dist(g_len, g_val, g_wt))
+            group_lengths.append(g_len)
+        return EBCInputDist(pending, group_lengths)
+
+    def compute_and_output_dist(self, dist_input: EBCInputDist) -> KeyedTensor:
+        """Stages 2 and 3 of every group: wait for the ids, pool the shards held here, send
+        the pooled embeddings back -> (B_local, sum of the features' dims) as a KeyedTensor."""
+        outputs = []
+        for group, pending, g_len in zip(self.sharding_groups(), dist_input.pending,
+                                         dist_input.lengths, strict=True):
+            received = pending.wait()
+            outputs.append(group.output_dist(group.lookup(received), received, g_len))
         pooled = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         if self.column_order is not None:
             pooled = pooled.index_select(1, cast(torch.Tensor, self.column_order))

@@ -12,6 +12,9 @@ implements:
 
 :meth:`EmbeddingSharding.forward` composes them (a train pipeline can call them as separate
 stages), and :meth:`EmbeddingSharding.local_shards` exposes the shards held for checkpoints.
+:meth:`EmbeddingSharding.start_input_dist` is stage 1 started rather than run: a
+:class:`PendingInput` whose communication is in flight while the caller computes (the
+``sparse-dist`` train pipeline starts batch i+1's while batch i trains).
 
 Example:
     >>> sharding = TwSharding(tables, shardings, optimizer, group=None)
@@ -58,6 +61,24 @@ class LocalShard:
     replicated: bool = False
 
 
+class PendingInput(Generic[DistInput]):
+    """A started input distribution: :meth:`launch` sends the data once the sizes are known,
+    :meth:`wait` gives the stage's result (launching first when needed).
+
+    The base class holds a result already computed (types whose input dist does not
+    communicate, or ran synchronously).
+    """
+
+    def __init__(self, result: DistInput) -> None:
+        self._result = result
+
+    def launch(self) -> None:
+        """Wait for the split sizes and put the data exchange in flight (idempotent)."""
+
+    def wait(self) -> DistInput:
+        return self._result
+
+
 class EmbeddingSharding(nn.Module, abc.ABC, Generic[DistInput]):
     """The tables of one sharding type in a sharded EmbeddingBagCollection.
 
@@ -98,6 +119,12 @@ class EmbeddingSharding(nn.Module, abc.ABC, Generic[DistInput]):
                    weights: torch.Tensor | None) -> DistInput:
         """Stage 1: this rank's (F, B_local) lengths and feature-major ids (and weights) of
         this group's features -> what this rank must pool, from every source rank."""
+
+    def start_input_dist(self, lengths: torch.Tensor, values: torch.Tensor,
+                         weights: torch.Tensor | None) -> PendingInput[DistInput]:
+        """Stage 1, started: returns while its communication is in flight (every rank starts
+        its groups' input dists in the same order). Default: run it now."""
+        return PendingInput(self.input_dist(lengths, values, weights))
 
     @abc.abstractmethod
     def lookup(self, dist_input: DistInput) -> torch.Tensor:

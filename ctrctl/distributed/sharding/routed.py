@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 from ctrctl.distributed import comm
-from ctrctl.distributed.sharding.base import EmbeddingSharding, LocalShard
-from ctrctl.distributed.sharding.common import GroupLayout, route, to_slot_major
+from ctrctl.distributed.sharding.base import EmbeddingSharding, LocalShard, PendingInput
+from ctrctl.distributed.sharding.common import GroupLayout, RoutedInput, route, to_slot_major
 from ctrctl.distributed.types import ParameterSharding
 from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig
@@ -92,11 +92,22 @@ class RoutedSharding(EmbeddingSharding[comm.JaggedExchange]):
         """Raise PlanError when a plan entry does not fit this type (subclasses refine)."""
 
     # ---- the three parts --------------------------------------------------------------------
+    def route_input(self, lengths: torch.Tensor, values: torch.Tensor,
+                    weights: torch.Tensor | None) -> RoutedInput:
+        """The bags and ids each rank gets (bucketized by row block where tables are cut)."""
+        return route(self.layout, lengths, values, weights)
+
     def input_dist(self, lengths: torch.Tensor, values: torch.Tensor,
                    weights: torch.Tensor | None) -> comm.JaggedExchange:
-        routed = route(self.layout, lengths, values, weights)
-        return comm.jagged_all_to_all(routed.lengths, routed.values, routed.weights,
-                                      lengths.shape[1], self.group)
+        return self.start_input_dist(lengths, values, weights).wait()
+
+    def start_input_dist(self, lengths: torch.Tensor, values: torch.Tensor,
+                         weights: torch.Tensor | None) -> PendingInput[comm.JaggedExchange]:
+        """Route now, then the jagged all-to-all by halves: the split sizes in flight here,
+        the data once :meth:`PendingExchange.launch` (or ``wait``) is called."""
+        routed = self.route_input(lengths, values, weights)
+        return PendingExchange(comm.start_jagged_all_to_all(
+            routed.lengths, routed.values, routed.weights, lengths.shape[1], self.group))
 
     def lookup(self, received: comm.JaggedExchange) -> torch.Tensor:
         num_slots = len(self.layout.slots_per_rank[self.rank])
@@ -158,6 +169,23 @@ class RoutedSharding(EmbeddingSharding[comm.JaggedExchange]):
                 shards.append(LocalShard(self.layout.tables[t].name, shard, weights[i],
                                          states[i]))
         return shards
+
+
+class PendingExchange(PendingInput[comm.JaggedExchange]):
+    """A routed group's jagged all-to-all in flight (split sizes first, then the data)."""
+
+    def __init__(self, splits: comm.JaggedSplits) -> None:
+        self._splits: comm.JaggedSplits | None = splits
+        self._data: comm.JaggedData | None = None
+
+    def launch(self) -> None:
+        if self._splits is not None:
+            self._data, self._splits = self._splits.wait(), None
+
+    def wait(self) -> comm.JaggedExchange:
+        self.launch()
+        assert self._data is not None
+        return self._data.wait()
 
 
 def _place_columns(local: torch.Tensor, columns: torch.Tensor, width: int) -> torch.Tensor:

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ctrctl.distributed import comm
-from ctrctl.distributed.sharding.common import route_whole_features
+from ctrctl.distributed.sharding.common import RoutedInput, route_whole_features
 from ctrctl.distributed.sharding.routed import RoutedSharding
 from ctrctl.errors import PlanError
 from ctrctl.names import ShardingType
@@ -26,12 +25,10 @@ class TwSharding(RoutedSharding):
 
     sharding_type = ShardingType.TABLE_WISE.value
 
-    def input_dist(self, lengths: torch.Tensor, values: torch.Tensor,
-                   weights: torch.Tensor | None) -> comm.JaggedExchange:
-        """Each feature's bags, whole, to its table's rank (one jagged all-to-all)."""
-        routed = route_whole_features(self.layout, lengths, values, weights)
-        return comm.jagged_all_to_all(routed.lengths, routed.values, routed.weights,
-                                      lengths.shape[1], self.group)
+    def route_input(self, lengths: torch.Tensor, values: torch.Tensor,
+                    weights: torch.Tensor | None) -> RoutedInput:
+        """Each feature's bags, whole, to its table's rank (no bucketizing)."""
+        return route_whole_features(self.layout, lengths, values, weights)
 
     def check_geometry(self) -> None:
         for table, ps in zip(self.tables, self.shardings, strict=True):
