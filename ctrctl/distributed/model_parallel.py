@@ -143,6 +143,9 @@ class DistributedModelParallel(nn.Module):
         sharder: how collections are sharded.
         ddp: wrap the dense part in DDP (False: the caller averages dense gradients).
         find_unused_parameters: passed to DDP.
+        dense_process_group: the group DDP all-reduces dense gradients on (default:
+            ``process_group``). A group of its own keeps DDP's collectives apart from the
+            embeddings' when those run on another thread (the ``semi-sync`` pipeline).
 
     Attributes:
         module: the wrapped model (DDP around the sharded model when ``ddp``).
@@ -162,6 +165,7 @@ class DistributedModelParallel(nn.Module):
         sharder: EmbeddingBagCollectionSharder | None = None,
         ddp: bool = True,
         find_unused_parameters: bool = False,
+        dense_process_group: Any | None = None,
     ) -> None:
         super().__init__()
         world = dist.get_world_size(process_group)
@@ -169,6 +173,7 @@ class DistributedModelParallel(nn.Module):
         self.plan = plan if plan is not None else default_plan(tables, world)
         sharded = shard(module, self.plan, process_group, sharder)
         self.process_group = process_group
+        self.dense_process_group = dense_process_group
         self._sharded_modules = [m for m in sharded.modules()
                                  if isinstance(m, ShardedEmbeddingBagCollection)]
         self.fused_optimizer = FusedOptimizerView(self._sharded_modules)
@@ -182,7 +187,9 @@ class DistributedModelParallel(nn.Module):
                            sharded))]
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(sharded, ignore)
             # Buffers are built identically on every rank: no per-step broadcast of them.
-            wrapped = DistributedDataParallel(sharded, process_group=process_group,
+            wrapped = DistributedDataParallel(sharded, process_group=dense_process_group
+                                              if dense_process_group is not None
+                                              else process_group,
                                               find_unused_parameters=find_unused_parameters,
                                               broadcast_buffers=False,
                                               gradient_as_bucket_view=True)

@@ -1,0 +1,53 @@
+"""Train pipelines: the order of a step's stages, and what overlaps what.
+
+See :mod:`ctrctl.distributed.pipeline.base` for the interface and the table of pipelines.
+
+Example:
+    >>> pipeline = make_pipeline(choose_pipeline("auto", model), model, optimizer, device)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ctrctl.distributed.pipeline.base import BasePipeline, StepOutput, TrainPipeline
+from ctrctl.distributed.pipeline.prefetch import PrefetchPipeline, cached_collections
+from ctrctl.distributed.pipeline.semi_sync import SemiSyncPipeline
+from ctrctl.distributed.pipeline.sparse_dist import SparseDistPipeline
+from ctrctl.distributed.pipeline.trace import Tracer, write_trace
+from ctrctl.errors import ConfigError
+
+__all__ = ["PIPELINES", "BasePipeline", "PrefetchPipeline", "SemiSyncPipeline",
+           "SparseDistPipeline", "StepOutput", "TrainPipeline", "Tracer", "choose_pipeline",
+           "make_pipeline", "write_trace"]
+
+#: Pipeline name -> class.
+PIPELINES: dict[str, type[TrainPipeline]] = {
+    p.name: p for p in (BasePipeline, SparseDistPipeline, SemiSyncPipeline, PrefetchPipeline)}
+
+
+def choose_pipeline(name: str, model: nn.Module) -> str:
+    """``auto`` -> the fastest exact pipeline for the model: ``prefetch`` when a table is
+    cached, else ``sparse-dist``; any other name is checked and returned."""
+    if name == "auto":
+        return "prefetch" if cached_collections(model) else "sparse-dist"
+    if name not in PIPELINES:
+        raise ConfigError(f"unknown pipeline {name!r}", where="training.pipeline",
+                          hint=f"use auto or one of {', '.join(PIPELINES)}")
+    return name
+
+
+def make_pipeline(name: str, model: nn.Module, optimizer: torch.optim.Optimizer,
+                  device: torch.device, **kwargs: Any) -> TrainPipeline:
+    """Build the pipeline ``name`` (``auto`` resolved by :func:`choose_pipeline`).
+
+    Keyword arguments go to the pipeline (``loss_fn``, ``autocast``, ``tracer``, ``group``;
+    ``start_step`` for ``semi-sync``).
+    """
+    cls = PIPELINES[choose_pipeline(name, model)]
+    if cls is not SemiSyncPipeline:
+        kwargs.pop("start_step", None)
+    return cls(model, optimizer, device, **kwargs)

@@ -1,0 +1,57 @@
+"""``prefetch``: ``sparse-dist``, plus batch i+1's rows brought into cached tables' caches.
+
+Tables kept on disk with a DRAM row cache (``model.cached_tables``, the ``fused_cached``
+kernel, :class:`~ctrctl.modules.cached_embedding.CachedEmbeddingBag`) read a batch's missing
+rows from their file. This pipeline asks for batch i+1's rows between forward(i) and
+backward(i): the cache's worker thread looks them up, evicts rows no batch holds, writes
+dirty victims back and reads the misses while batch i runs backward (whose update waits for
+the prefetch, so no row moves under it). Forward(i+1) then finds every row in DRAM: its
+misses are zero. The numerics are those of ``base``.
+
+Example:
+    >>> pipeline = PrefetchPipeline(model, dense_optimizer, torch.device("cpu"))
+    >>> out = pipeline.progress(items)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ctrctl.distributed.pipeline.sparse_dist import InFlight, SparseDistPipeline
+from ctrctl.modules.embedding_modules import EmbeddingBagCollection
+
+__all__ = ["PrefetchPipeline", "cached_collections"]
+
+
+def cached_collections(model: nn.Module) -> list[EmbeddingBagCollection]:
+    """Every embedding collection in ``model`` that holds a cached table."""
+    return [m for m in model.modules()
+            if isinstance(m, EmbeddingBagCollection) and m.cache_counters()]
+
+
+class PrefetchPipeline(SparseDistPipeline):
+    """``sparse-dist`` with cached tables' rows prefetched one batch ahead."""
+
+    name = "prefetch"
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 device: torch.device, **kwargs: Any) -> None:
+        super().__init__(model, optimizer, device, **kwargs)
+        self._cached = cached_collections(model)
+
+    def prefetch(self, upcoming: InFlight | None, step: int) -> None:
+        if upcoming is None:
+            return
+        with self.tracer.span("prefetch", step):
+            for collection in self._cached:
+                collection.prefetch(upcoming.batch.sparse)
+
+    def after_forward(self, current: InFlight, upcoming: InFlight | None, step: int) -> None:
+        super().after_forward(current, upcoming, step)
+        self.prefetch(upcoming, step)
+
+    def after_score(self, upcoming: InFlight | None) -> None:
+        self.prefetch(upcoming, self.step)
