@@ -223,6 +223,14 @@ class TrainingConfig(_Section):
             slice of each global batch: W processes train on exactly the batches of one
             process, at W times the reading cost.
         early_stopping: see :class:`EarlyStoppingConfig`.
+        pipeline: the train pipeline (:mod:`ctrctl.distributed.pipeline`): ``auto`` (the
+            fastest exact one: ``prefetch`` when a table is cached, else ``sparse-dist``),
+            ``base`` (the plain loop), ``sparse-dist`` (loading and the ids' all-to-all
+            overlap compute), ``prefetch`` (also cached tables' rows one batch ahead) or
+            ``semi-sync`` (embedding lookups one step ahead, on weights one step older:
+            changes the numerics).
+        semi_sync_start_step: ``semi-sync`` runs synchronously before this step.
+        trace: write a Chrome trace of the pipeline's stages (per step, per thread) here.
     """
 
     batch_size: int | None = Field(default=None, gt=0)
@@ -243,6 +251,9 @@ class TrainingConfig(_Section):
     val_max_rows: int | None = Field(default=None, ge=1)
     global_order: bool = False
     early_stopping: EarlyStoppingConfig = EarlyStoppingConfig()
+    pipeline: Literal["auto", "base", "sparse-dist", "semi-sync", "prefetch"] = "auto"
+    semi_sync_start_step: int = Field(default=100, ge=0)
+    trace: str | None = None
 
 
 #: Automatic batch sizes: about one batch per this many training rows, as a power of two

@@ -41,6 +41,13 @@ def train_command(
     node_rank: Annotated[int, typer.Option(min=0, help="This node's index.")] = 0,
     rdzv_endpoint: Annotated[str | None, typer.Option(
         help="HOST:PORT every node meets at (several nodes).")] = None,
+    pipeline: Annotated[str | None, typer.Option(
+        help="Train pipeline: auto (prefetch with cached tables, else sparse-dist), base, "
+        "sparse-dist, prefetch or semi-sync (changes the numerics); training.pipeline.",
+        show_default=False)] = None,
+    trace: Annotated[Path | None, typer.Option(
+        help="Write a Chrome trace of the pipeline's stages (per step and thread) here.",
+        show_default=False)] = None,
     overwrite: Overwrite = False,
     tracking_uri: TrackingUri = None,
     no_track: NoTrack = False,
@@ -56,8 +63,12 @@ def train_command(
     from ctrctl.training.preflight import preflight
     from ctrctl.training.resume import resume_config, saved_config
 
-    cfg = resume_config(out, config, overrides or []) if resume else load_config(
-        config, overrides or [])
+    overrides = list(overrides or [])
+    if pipeline is not None:
+        overrides.append(f"training.pipeline={pipeline}")
+    if trace is not None:
+        overrides.append(f"training.trace={trace.resolve()}")
+    cfg = resume_config(out, config, overrides) if resume else load_config(config, overrides)
     if resume and config is None:
         config = saved_config(out)  # the workers of a multi-process run read it too
     tracker = tracker_from(no_track, tracking_uri, experiment)  # a dead server fails here

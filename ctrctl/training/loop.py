@@ -20,10 +20,12 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import shutil
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,9 +37,18 @@ from torch import nn
 from ctrctl import checkpoint as ckpt
 from ctrctl.compat import bf16_autocast_supported
 from ctrctl.config import FEW_STEPS, PipelineConfig, resolve_sizes
+from ctrctl.data.batch import Batch
 from ctrctl.data.dataset import BatchLoader, LoaderPosition
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.distributed import checkpoint as dist_ckpt
+from ctrctl.distributed import comm
+from ctrctl.distributed.pipeline import (
+    Tracer,
+    TrainPipeline,
+    choose_pipeline,
+    make_pipeline,
+    write_trace,
+)
 from ctrctl.distributed.types import ShardingPlan
 from ctrctl.errors import CheckpointError, ConfigError, OutputExistsError
 from ctrctl.io import write_json_atomic
@@ -103,19 +114,21 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
-@torch.no_grad()
 def evaluate_model(
     model: nn.Module,
     loader: BatchLoader,
     device: torch.device,
     world_size: int = 1,
+    pipeline: TrainPipeline | None = None,
 ) -> dict[str, float]:
     """Validation metrics of ``model`` over a scoring loader, the same as ``ctrctl eval``'s.
 
     The scores stream into a :class:`~ctrctl.metrics.CTRMetrics` (exact by sorting up to its
     ``exact_limit`` rows, then a histogram with its error bound); with ``world_size > 1``
     each rank scores its slice and the metric's states are combined over the default group
-    (torchmetrics' sync), so every rank returns the same numbers.
+    (torchmetrics' sync), so every rank returns the same numbers. With a ``pipeline`` the
+    batches go through its stages (loading ahead, the next batch's ids in flight while one
+    scores), as training's do.
 
     Returns:
         ``rows``, ``logloss`` and, when defined for the rows, ``auc``, ``auc_bound``, ``ne``
@@ -134,20 +147,21 @@ def evaluate_model(
         count = torch.tensor([steps], dtype=torch.int64)
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         steps = int(count.item())
-    batches = loader.epoch(0)
-    last = None
-    for _ in range(steps):
-        batch = next(batches, None)
-        keep = batch is not None
-        batch = batch if batch is not None else last
-        if batch is None:
-            break
-        last = batch
-        batch = batch.to(device)
-        logits = model(batch.dense, batch.sparse)
-        if keep:
-            metric.update(batch.labels.cpu(), torch.sigmoid(logits.float()).cpu())
-    batches.close()
+    items = _padded(loader, steps)
+    try:
+        with torch.no_grad():
+            if pipeline is not None:
+                for keep, _, logits in pipeline.score(items):
+                    if keep[0]:
+                        metric.update(keep[1].cpu(), torch.sigmoid(logits.float()).cpu())
+            else:
+                for keep, batch in items:
+                    batch = batch.to(device)
+                    logits = model(batch.dense, batch.sparse)
+                    if keep[0]:
+                        metric.update(keep[1].cpu(), torch.sigmoid(logits.float()).cpu())
+    finally:
+        items.close()
     model.train(was_training)
     if world_size > 1 and device.type == "cuda":
         metric = metric.to(device)  # NCCL syncs device tensors
@@ -158,6 +172,25 @@ def evaluate_model(
         if value is not None:
             out[key] = float(value)
     return out
+
+
+def _padded(loader: BatchLoader, steps: int
+            ) -> Generator[tuple[tuple[bool, torch.Tensor], Batch], None, None]:
+    """``steps`` items ``((keep, labels), batch)``: the loader's batches, then its last one
+    again (``keep`` False) until every rank has taken as many."""
+    batches = loader.epoch(0)
+    last = None
+    try:
+        for _ in range(steps):
+            batch = next(batches, None)
+            keep = batch is not None
+            batch = batch if batch is not None else last
+            if batch is None:
+                return
+            last = batch
+            yield (keep, batch.labels), batch
+    finally:
+        batches.close()
 
 
 class _Trainer:
@@ -177,13 +210,20 @@ class _Trainer:
 
         torch.manual_seed(self.t.seed)
         self.model = model_io.build_model(config, self.manifest, self.device)
+        self.pipeline_name = choose_pipeline(self.t.pipeline, self.model)
         if self.world_size > 1:
-            self.model = model_io.wrap_model(self.model, plan, None)
+            # semi-sync's embedding worker runs collectives beside DDP's: give DDP its own group
+            dense_group = comm.new_group(list(range(self.world_size))) \
+                if self.pipeline_name == "semi-sync" else None
+            self.model = model_io.wrap_model(self.model, plan, None, dense_group)
             # Without a plan the wrapper picks its default one: record what is in use.
             self.plan = getattr(self.model, "plan", plan)
         self.optimizer = dense_optimizer(model_io.dense_parameters(self.model),
                                          config.dense_optimizer)
         self.loss_fn = nn.BCEWithLogitsLoss()
+        self.use_bf16 = self.t.bf16 and bf16_autocast_supported(self.device)
+        self.tracer = Tracer(enabled=self.t.trace is not None)
+        self.pipeline: TrainPipeline | None = None
         workers = self.t.num_workers
         train_rows = self.manifest.split("train").rows
         self.sizes = resolve_sizes(self.t, train_rows, self.world_size)
@@ -217,7 +257,10 @@ class _Trainer:
         self.history: list[dict[str, Any]] = []
         self.metrics: dict[str, float] = {}
         # Losses since the last log line: part of the state so a resumed run logs the same.
-        self.loss_sum, self.loss_count = 0.0, 0
+        # Summed on the device (float64, as Python floats add) and read every log_every
+        # steps, so no step waits for its loss.
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.loss_count = 0
         # Rows trained on by this rank over the whole run (truthful: partial batches count
         # as their real size).
         self.rows_trained = 0
@@ -227,6 +270,9 @@ class _Trainer:
         line = self.sizes.describe().replace(
             f"{self.sizes.steps_per_epoch} steps per epoch, at most {self.sizes.total_steps}",
             f"{self.loader.num_batches} steps per epoch, at most {self.total_steps}")
+        line += f"; pipeline {self.pipeline_name}"
+        if self.t.pipeline == "auto":
+            line += " (auto)"
         if self.early is not None:
             e = self.early
             line += (f"; early stopping on {self.t.val_split}.{e.metric} ({e.mode}, patience "
@@ -260,7 +306,7 @@ class _Trainer:
         trainer_state = {
             "step": self.step, "epoch": self.position.epoch, "batch": self.position.batch,
             "history": self.history, "metrics": self.metrics,
-            "loss_window": [self.loss_sum, self.loss_count],
+            "loss_window": [float(self.loss_sum), self.loss_count],
             "loader": {"seed": self.t.seed, "batch_size": self.batch_size,
                        "world_size": self.world_size},
             "rows_trained": self.rows_trained,
@@ -315,7 +361,8 @@ class _Trainer:
         self.step = int(state["step"])
         self.history = list(state.get("history", []))
         self.metrics = dict(state.get("metrics", {}))
-        self.loss_sum, self.loss_count = state.get("loss_window", [0.0, 0])
+        loss_sum, self.loss_count = state.get("loss_window", [0.0, 0])
+        self.loss_sum.fill_(float(loss_sum))
         self.rows_trained = int(state.get("rows_trained", 0))
         self.stop_reason = state.get("stop_reason")
         if self.early is not None and state.get("early_stopping"):
@@ -343,7 +390,8 @@ class _Trainer:
     def _validate(self) -> dict[str, float] | None:
         if self.val_loader is None:
             return None
-        values = evaluate_model(self.model, self.val_loader, self.device, self.world_size)
+        values = evaluate_model(self.model, self.val_loader, self.device, self.world_size,
+                                self.pipeline)
         entry = {"step": self.step, **{f"val.{k}": v for k, v in values.items()}}
         self.history.append(entry)
         self.metrics.update({k: v for k, v in entry.items() if k != "step"})
@@ -379,15 +427,25 @@ class _Trainer:
                 yield LoaderPosition(epoch, i + 1), batch
             epoch, start = epoch + 1, 0
 
+    def make_pipeline(self) -> TrainPipeline:
+        """The step's stages (``training.pipeline``); semi-sync's start step counts from the
+        run's first step, resumed or not."""
+        return make_pipeline(self.pipeline_name, self.model, self.optimizer, self.device,
+                             loss_fn=self.loss_fn, autocast=self.use_bf16, tracer=self.tracer,
+                             start_step=max(0, self.t.semi_sync_start_step - self.step))
+
+    def _check_loss(self, value: float) -> None:
+        if not math.isfinite(value):
+            raise ConfigError(f"the loss is {value} by step {self.step}",
+                              hint="lower the learning rates")
+
     def fit(self) -> float:
         """Train until the step cap, early stopping or ``stop_after``; returns samples/s."""
         t = self.t
-        use_bf16 = t.bf16 and bf16_autocast_supported(self.device)
-        if t.bf16 and not use_bf16:
+        if t.bf16 and not self.use_bf16:
             logger.warning("training.bf16: this %s has no bf16 units (AMX-BF16 or "
                            "AVX512-BF16); training in fp32", self.device.type)
-        model = self.model
-        model.train()
+        self.model.train()
         world_rows = self.loader.rows * self.world_size  # rows per epoch over all ranks
         total = world_rows * self.sizes.epochs if t.max_steps is None else \
             self.total_steps * self.batch_size
@@ -396,55 +454,71 @@ class _Trainer:
             self.progress.advance(self.rows_trained * self.world_size)
         started, rows_this_run = time.perf_counter(), 0
         steps_this_run = 0
-        batches = self._batches()
-        while self.step < self.total_steps and self.stop_reason is None:
-            if self.stop_after is not None and steps_this_run >= self.stop_after:
-                break
-            position, batch = next(batches)
-            batch = batch.to(self.device, non_blocking=True)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                logits = model(batch.dense, batch.sparse)
-            loss = self.loss_fn(logits.float(), batch.labels)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # the embedding tables update here (fused optimizer)
-            self.optimizer.step()
-            self.step += 1
-            steps_this_run += 1
-            self.position = position
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                raise ConfigError(f"the loss is {value} at step {self.step}",
-                                  hint="lower the learning rates")
-            self.loss_sum += value
-            self.loss_count += 1
-            rows = int(batch.labels.shape[0])
-            self.rows_trained += rows
-            rows_this_run += rows
-            self.progress.advance(rows * self.world_size, loss=value, epoch=position.epoch)
-            if self.step % t.log_every == 0 or self.step == self.total_steps:
-                mean = self.loss_sum / self.loss_count
-                elapsed = max(time.perf_counter() - started, 1e-9)
-                entry = {"step": self.step, "train.loss": mean,
-                         "train.samples_per_s": rows_this_run * self.world_size / elapsed,
-                         "epoch": position.epoch}
-                self.history.append(entry)
-                self.metrics["train.loss"] = mean
-                if self.rank == 0:
-                    self.run.log_metrics({k: v for k, v in entry.items() if k != "step"},
-                                         step=self.step)
-                self.loss_sum, self.loss_count = 0.0, 0
-            last = self.step >= self.total_steps
-            if (self.val_every and self.step % self.val_every == 0) or \
-                    (last and self.val_loader is not None):
-                if self._check_early_stopping(self._validate()):
-                    self.stop_reason = "early_stopping"
-            if last and self.stop_reason is None:
-                self.stop_reason = "max_steps" if t.max_steps else "epochs"
-            if (t.checkpoint_every and self.step % t.checkpoint_every == 0
-                    and self.stop_reason is None):
-                self.save()
+        # On CPU reading a loss costs nothing: check every step; on CUDA at log steps.
+        check_every = 1 if self.device.type == "cpu" else t.log_every
+        shown: float | None = None
+        # Only the batches this call will train on: the pipeline reads none beyond them.
+        remaining = self.total_steps - self.step
+        if self.stop_after is not None:
+            remaining = min(remaining, self.stop_after)
+        source = self._batches()
+        batches = itertools.islice(source, max(0, remaining))
+        self.pipeline = pipeline = self.make_pipeline()
+        try:
+            while self.step < self.total_steps and self.stop_reason is None:
+                if self.stop_after is not None and steps_this_run >= self.stop_after:
+                    break
+                try:
+                    out = pipeline.progress(batches)
+                except StopIteration:  # a rank's loader ran dry (every rank stops here)
+                    logger.warning("the training data ended at step %d", self.step)
+                    break
+                position: LoaderPosition = out.tag
+                self.step += 1
+                steps_this_run += 1
+                self.position = position
+                self.loss_sum += out.loss
+                self.loss_count += 1
+                if self.step % check_every == 0:
+                    shown = float(out.loss)
+                    self._check_loss(shown)
+                self.rows_trained += out.rows
+                rows_this_run += out.rows
+                self.progress.advance(out.rows * self.world_size, epoch=position.epoch,
+                                      **({"loss": shown} if shown is not None else {}))
+                if self.step % t.log_every == 0 or self.step == self.total_steps:
+                    mean = float(self.loss_sum) / self.loss_count
+                    self._check_loss(mean)
+                    elapsed = max(time.perf_counter() - started, 1e-9)
+                    entry = {"step": self.step, "train.loss": mean,
+                             "train.samples_per_s": rows_this_run * self.world_size / elapsed,
+                             "epoch": position.epoch}
+                    self.history.append(entry)
+                    self.metrics["train.loss"] = mean
+                    if self.rank == 0:
+                        self.run.log_metrics({k: v for k, v in entry.items() if k != "step"},
+                                             step=self.step)
+                    self.loss_sum.zero_()
+                    self.loss_count = 0
+                last = self.step >= self.total_steps
+                if (self.val_every and self.step % self.val_every == 0) or \
+                        (last and self.val_loader is not None):
+                    if self._check_early_stopping(self._validate()):
+                        self.stop_reason = "early_stopping"
+                if last and self.stop_reason is None:
+                    self.stop_reason = "max_steps" if t.max_steps else "epochs"
+                if (t.checkpoint_every and self.step % t.checkpoint_every == 0
+                        and self.stop_reason is None):
+                    self.save()
+        finally:
+            pipeline.close()  # its loading thread has stopped reading the source
+            self.pipeline = None
+            source.close()
         self.progress.finish()
-        batches.close()
+        if t.trace is not None:
+            path = write_trace(t.trace, self.tracer)
+            if path is not None:
+                logger.info("wrote the pipeline's trace to %s", path)
         elapsed = max(time.perf_counter() - started, 1e-9)
         return _global_sum(rows_this_run, self.world_size) / elapsed
 

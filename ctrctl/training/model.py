@@ -152,11 +152,13 @@ def dlrm_from_manifest(
     return model.to(device or "cpu")
 
 
-def wrap_model(model: nn.Module, plan: ShardingPlan | None, process_group: Any) -> nn.Module:
+def wrap_model(model: nn.Module, plan: ShardingPlan | None, process_group: Any,
+               dense_process_group: Any | None = None) -> nn.Module:
     """Shard the model's tables across the ranks of ``process_group`` per ``plan``.
 
     The one place where the trainer meets DistributedModelParallel; ``plan`` None asks it
-    for its default plan.
+    for its default plan; ``dense_process_group``: where DDP all-reduces dense gradients
+    (default ``process_group``).
     """
     cached = [name for _, m in _embedding_modules(model) if isinstance(m, EmbeddingBagCollection)
               for name in m.cache_counters()]
@@ -177,7 +179,8 @@ def wrap_model(model: nn.Module, plan: ShardingPlan | None, process_group: Any) 
         raise ConfigError(
             "training on several processes needs ctrctl.distributed.model_parallel, which "
             "this installation lacks", hint="train with --nproc-per-node 1") from exc
-    return DistributedModelParallel(model, plan=plan, process_group=process_group)
+    return DistributedModelParallel(model, plan=plan, process_group=process_group,
+                                    dense_process_group=dense_process_group)
 
 
 # ---- finding the parts ---------------------------------------------------------------------
