@@ -142,3 +142,29 @@ def test_the_checkpoint_stays_out_of_mlflow_by_default(ds: SyntheticDataset,
     [run] = client.search_runs([experiment.experiment_id])
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "metrics.json" in artifacts and "model" not in artifacts
+
+
+@pytest.mark.distributed
+def test_pipeline_and_trace_flags_on_two_processes(ds: SyntheticDataset, tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    proc = _ctrctl(["train", "--dataset", str(ds.path), "--out", str(tmp_path / "run"),
+                    *SMALL, "--nproc-per-node", "2", "--pipeline", "semi-sync",
+                    "training.semi_sync_start_step=4", "--trace", str(trace), "--no-track"],
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert "pipeline semi-sync" in proc.stdout
+    events = json.loads(trace.read_text())["traceEvents"]
+    ranks = {e["pid"] for e in events if e["ph"] == "X"}
+    assert ranks == {0, 1}
+    ahead = sorted(e["args"]["step"] for e in events
+                   if e["name"] == "embedding_ahead" and e["pid"] == 1)
+    assert ahead == list(range(4, 12))
+
+
+def test_unknown_pipeline_is_a_config_error(ds: SyntheticDataset, tmp_path: Path) -> None:
+    proc = _ctrctl(["train", "--dataset", str(ds.path), "--out", str(tmp_path / "run"),
+                    *SMALL, "--pipeline", "turbo", "--no-track"], cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "training.pipeline" in proc.stderr and "sparse-dist" in proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
