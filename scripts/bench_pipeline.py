@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
         cfg["dataset"] = _dataset(Path(tmp), cfg)
         for r in range(args.repeats):
-            for impl, body in impls.items():
+            for body in impls.values():
                 seconds = run_multiprocess(body, 2, args=(cfg,), timeout_s=1200)
                 for key in seconds[0]:
                     wall = max(s[key] for s in seconds)
