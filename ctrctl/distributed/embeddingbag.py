@@ -24,7 +24,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import dataclasses
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -42,10 +43,11 @@ from ctrctl.distributed.sharding.twrw import TwrwSharding
 from ctrctl.distributed.types import ParameterSharding, ShardingPlan
 from ctrctl.errors import PlanError, SparseInputError
 from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
+from ctrctl.modules.cached_embedding import CachedEmbeddingBag, CachedTableSpec, table_seed
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
-from ctrctl.names import ShardingType
+from ctrctl.names import ComputeKernel, ShardingType
 from ctrctl.sparse.jagged_tensor import KeyedJaggedTensor
 from ctrctl.sparse.keyed_tensor import KeyedTensor
 from ctrctl.sparse.ops import permute_2d_sparse
@@ -91,6 +93,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
         backend: the lookup kernels: ``auto``, ``fbgemm``, ``native`` or ``torch``.
         local_world_size: ranks per host (table_row_wise reduces within a host first);
             default: the whole group is one host.
+        cached: table name -> how it is cached: its shards live on disk with a DRAM row
+            cache (the ``fused_cached`` kernel), each starting as its block of the whole
+            table would (any type but data_parallel).
 
     Example:
         >>> sebc = ShardedEmbeddingBagCollection(tables, plan.tables,
@@ -107,6 +112,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         gradient_division: bool = True,
         backend: str = "auto",
         local_world_size: int | None = None,
+        cached: Mapping[str, CachedTableSpec] | None = None,
     ) -> None:
         super().__init__()
         self.tables = list(tables)
@@ -125,8 +131,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
             if not chosen:
                 continue
             extra = {"local_world_size": local_world_size} if cls is TwrwSharding else {}
+            group_cached = {t.name: (cached or {})[t.name] for t in chosen
+                            if t.name in (cached or {})}
             self.groups[kind] = cls(chosen, [plan[t.name] for t in chosen], optimizer,
-                                    group, grad_scale, backend, **extra)
+                                    group, grad_scale, backend, cached=group_cached, **extra)
         unknown = {plan[t.name].sharding_type for t in self.tables} - set(SHARDING_CLASSES)
         if unknown:
             raise PlanError(f"unknown sharding type(s) {sorted(unknown)}",
@@ -196,16 +204,39 @@ class ShardedEmbeddingBagCollection(nn.Module):
         return KeyedTensor(self.feature_names, self.feature_dims, pooled)
 
     # ---- state ------------------------------------------------------------------------------
-    def local_shards(self) -> list[LocalShard]:
-        """Every shard this rank holds (weights and optimizer state as views)."""
-        return [s for g in self.sharding_groups() for s in g.local_shards()]
+    def local_shards(self, tables: Collection[str] | None = None) -> list[LocalShard]:
+        """Every shard this rank holds (weights and optimizer state as views); ``tables``:
+        at least those of these tables (kernels holding none of them are not read)."""
+        return [s for g in self.sharding_groups() for s in g.local_shards(tables)]
+
+    # ---- cached shards ----------------------------------------------------------------------
+    def prefetch(self, dist_input: EBCInputDist) -> None:
+        """Queue the lookup of a coming batch's rows in the cached shards held here (waits
+        for its ids first); a no-op without cached shards."""
+        for group, pending in zip(self.sharding_groups(), dist_input.pending, strict=True):
+            group.prefetch(pending)
+
+    def cached_kernels(self) -> list[CachedEmbeddingBag]:
+        return [k for g in self.sharding_groups() for k in g.cached_kernels()]
+
+    def flush(self) -> None:
+        """Write the cached shards' dirty rows to their files."""
+        for kernel in self.cached_kernels():
+            kernel.flush()
+
+    def cache_counters(self) -> dict[str, dict[str, int]]:
+        """Per cached shard held here (``table.r<row>.c<col>``), its cache counters."""
+        out = {}
+        for kernel in self.cached_kernels():
+            out.update(dict(zip(kernel.names, kernel.counters(), strict=True)))
+        return out
 
     def data_parallel_parameters(self) -> Iterator[nn.Parameter]:
         """The replicated (data-parallel) tables: trained by the dense optimizer."""
         if ShardingType.DATA_PARALLEL.value in self.groups:
             yield from self.groups[ShardingType.DATA_PARALLEL.value].parameters()
 
-    def fused_lookups(self) -> list[BatchedEmbeddingBag]:
+    def fused_lookups(self) -> list[BatchedEmbeddingBag | CachedEmbeddingBag]:
         return [k for g in self.sharding_groups() for k in g.fused_lookups()]
 
     def load_table_weights(self, weights: Mapping[str, torch.Tensor],
@@ -219,7 +250,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 accumulators, (rows, dim) for elementwise ones).
         """
         with torch.no_grad():
-            for shard in self.local_shards():
+            for shard in self.local_shards(set(weights)):
                 if shard.table not in weights:
                     continue
                 m = shard.metadata
@@ -281,14 +312,28 @@ class EmbeddingBagCollectionSharder:
         if isinstance(plan, ShardingPlan):
             plan.validate({t.name: (t.num_embeddings, t.embedding_dim) for t in tables},
                           world_size=dist.get_world_size(group))
-        backends = set(module.backends())
+        backends = {b for b in module.backends() if b != "cached"}
+        specs = module.cached_table_specs()
+        cached = {}
+        for t in tables:
+            entry = entries.get(t.name)
+            planned = entry is not None and entry.compute_kernel == ComputeKernel.FUSED_CACHED.value
+            if t.name in specs or planned:
+                spec = specs.get(t.name) or CachedTableSpec(0.2, table_seed(0, t.name),
+                                                            t.init_range)
+                if entry is not None and entry.cache_load_factor:
+                    spec = dataclasses.replace(spec, load_factor=entry.cache_load_factor)
+                cached[t.name] = spec
         sharded = ShardedEmbeddingBagCollection(
             tables, {t.name: entries[t.name] for t in tables if t.name in entries},
             module.optimizer, group, self.gradient_division,
             backend=backends.pop() if len(backends) == 1 else "auto",
-            local_world_size=local_world_size)
-        weights = module.embedding_bag_weights()
-        sharded.load_table_weights(weights, module.optimizer_state())
+            local_world_size=local_world_size, cached=cached)
+        # Cached tables' shards start from the rule the module's cached table starts from
+        # (their blocks of it): no copy, and the module's files are not read.
+        copied = [t.name for t in tables if t.name not in specs]
+        weights = module.embedding_bag_weights(copied)
+        sharded.load_table_weights(weights, module.optimizer_state(copied))
         if ShardingType.DATA_PARALLEL.value in sharded.groups:
             dp = cast(EmbeddingSharding, sharded.groups[ShardingType.DATA_PARALLEL.value])
             with torch.no_grad():

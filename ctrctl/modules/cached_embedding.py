@@ -70,7 +70,24 @@ from ctrctl.modules.row_cache import WAYS, RowFile, SetAssociativeRowCache, hash
 from ctrctl.modules.torch_embedding import pool_bags, row_gradients
 from ctrctl.sparse.ops import complete_cumsum, segment_ranges
 
-__all__ = ["CachedEmbeddingBag", "hashed_init_weight", "table_seed"]
+__all__ = ["CachedEmbeddingBag", "CachedTableSpec", "hashed_init_weight", "table_seed"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CachedTableSpec:
+    """How one cached table is kept: what a shard of it needs to start as the table would.
+
+    Attributes:
+        load_factor: share of the rows kept in DRAM.
+        seed: the (seed, row id) initialisation's seed (:func:`table_seed`).
+        init_range: the uniform init range of the whole table.
+        cache_dir: where its files go (None: the system's temporary folder).
+    """
+
+    load_factor: float
+    seed: int
+    init_range: tuple[float, float]
+    cache_dir: str | None = None
 
 
 def table_seed(seed: int, name: str) -> int:
@@ -169,6 +186,8 @@ class CachedEmbeddingBag(nn.Module):
             temporary folder); the files are deleted by :meth:`close`.
         names: table names (file names).
         ways: slots per cache set.
+        blocks: per table, (row offset, column offset, full dim) when it is one block of a
+            larger table (a shard): its rows initialise as the whole table's would.
     """
 
     backend = "cached"
@@ -185,6 +204,7 @@ class CachedEmbeddingBag(nn.Module):
         cache_dir: str | Path | None = None,
         names: Sequence[str] | None = None,
         ways: int = WAYS,
+        blocks: Sequence[tuple[int, int, int]] | None = None,
     ) -> None:
         super().__init__()
         self.optimizer = optimizer or EmbeddingOptimizerConfig()
@@ -221,10 +241,12 @@ class CachedEmbeddingBag(nn.Module):
             directory = Path(tempfile.mkdtemp(prefix="tables-", dir=cache_dir))
             weakref.finalize(self, shutil.rmtree, directory, True)  # scratch, like the above
         self.directory = directory
+        self.names = names
         self.caches: list[SetAssociativeRowCache] = []
         for t, (rows, dim) in enumerate(self.tables):
             store = RowFile(directory, names[t], rows, dim,
-                            state_shapes(self.optimizer.kind, dim), seeds[t], ranges[t])
+                            state_shapes(self.optimizer.kind, dim), seeds[t], ranges[t],
+                            blocks[t] if blocks is not None else None)
             self.caches.append(SetAssociativeRowCache(store, factors[t], ways))
         self._table_features = [
             [f for f, t in enumerate(self.feature_table_map) if t == table] for table in range(n)

@@ -23,7 +23,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, cast
 
 import torch
@@ -31,7 +31,7 @@ from torch import nn
 
 from ctrctl.errors import CheckpointError, ConfigError, SparseInputError
 from ctrctl.modules.batched_embedding import Backend, BatchedEmbeddingBag
-from ctrctl.modules.cached_embedding import CachedEmbeddingBag, table_seed
+from ctrctl.modules.cached_embedding import CachedEmbeddingBag, CachedTableSpec, table_seed
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig, check_unique_names
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.sparse import KeyedJaggedTensor, KeyedTensor
@@ -78,6 +78,7 @@ class EmbeddingBagCollection(nn.Module):
                               where="EmbeddingBagCollection",
                               hint=f"use table names: {[c.name for c in tables][:8]}")
         self._configs = list(tables)
+        self._cache_dir = cache_dir
         self.optimizer = optimizer or EmbeddingOptimizerConfig()
         self.device = torch.device(device or "cpu")
 
@@ -202,6 +203,19 @@ class EmbeddingBagCollection(nn.Module):
         for _, bag in self._cached_bags():
             bag.flush()
 
+    def cached_table_specs(self) -> dict[str, CachedTableSpec]:
+        """Per cached table name, how it is kept (a sharded copy keeps its shards so)."""
+        out = {}
+        for g, bag in self._cached_bags():
+            for cfg in self._configs:
+                slot = self._table_slot[cfg.name]
+                if slot[0] == g:
+                    cache = bag.caches[slot[1]]
+                    out[cfg.name] = CachedTableSpec(
+                        cache.load_factor, cache.store.seed, cache.store.init_range,
+                        self._cache_dir)
+        return out
+
     def cache_counters(self) -> dict[str, dict[str, int]]:
         """Per cached table name, its cache counters (see :class:`CachedEmbeddingBag`)."""
         out = {}
@@ -228,13 +242,23 @@ class EmbeddingBagCollection(nn.Module):
         """The kernel each group runs on ("fbgemm", "native", "torch" or "cached")."""
         return [bag.backend for bag in self._kernels()]
 
-    def embedding_bag_weights(self) -> dict[str, torch.Tensor]:
-        """One (rows, dim) view per table name (writes go through; clone to snapshot)."""
+    def _groups_of(self, names: Collection[str] | None) -> set[int]:
+        wanted = {c.name for c in self._configs} if names is None else set(names)
+        return {self._table_slot[n][0] for n in wanted if n in self._table_slot}
+
+    def embedding_bag_weights(self, names: Collection[str] | None = None
+                              ) -> dict[str, torch.Tensor]:
+        """One (rows, dim) view per table name (writes go through; clone to snapshot).
+
+        ``names``: only these tables (a cached table's kernel is then not read at all: reading
+        it writes the whole table to its file)."""
+        groups = self._groups_of(names)
+        split = {g: bag.split_weights() for g, bag in enumerate(self._kernels()) if g in groups}
         out = {}
-        split = [bag.split_weights() for bag in self._kernels()]
         for cfg in self._configs:
             g, i = self._table_slot[cfg.name]
-            out[cfg.name] = split[g][i]
+            if names is None or cfg.name in names:
+                out[cfg.name] = split[g][i]
         return out
 
     @torch.no_grad()
@@ -260,13 +284,18 @@ class EmbeddingBagCollection(nn.Module):
                 )
             target.copy_(weights[name])
 
-    def optimizer_state(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Fused optimizer state per table name, e.g. {"t_C1": {"momentum1": (rows,)}}."""
-        states = [bag.optimizer_state() for bag in self._kernels()]
+    def optimizer_state(self, names: Collection[str] | None = None
+                        ) -> dict[str, dict[str, torch.Tensor]]:
+        """Fused optimizer state per table name, e.g. {"t_C1": {"momentum1": (rows,)}}
+        (``names``: only these tables, as :meth:`embedding_bag_weights`)."""
+        groups = self._groups_of(names)
+        states = {g: bag.optimizer_state() for g, bag in enumerate(self._kernels())
+                  if g in groups}
         out = {}
         for cfg in self._configs:
             g, i = self._table_slot[cfg.name]
-            out[cfg.name] = states[g][i]
+            if names is None or cfg.name in names:
+                out[cfg.name] = states[g][i]
         return out
 
     @torch.no_grad()

@@ -62,7 +62,8 @@ class CacheError(CtrctlError):
 
 
 def hashed_uniform(
-    seed: int, rows: np.ndarray, dim: int, low: float, high: float
+    seed: int, rows: np.ndarray, dim: int, low: float, high: float,
+    col_offset: int = 0, full_dim: int | None = None,
 ) -> np.ndarray:
     """Initial weights of ``rows``: uniform in [low, high), a pure function of (seed, row, col).
 
@@ -75,13 +76,15 @@ def hashed_uniform(
         rows: (n,) int64 row ids.
         dim: columns.
         low, high: the range.
+        col_offset, full_dim: columns ``col_offset .. col_offset + dim`` of a table
+            ``full_dim`` wide (a column block of a sharded table gets the whole table's bits).
 
     Returns:
         (n, dim) float32.
     """
     r = rows.astype(np.uint64).reshape(-1, 1)
-    cols = np.arange(dim, dtype=np.uint64).reshape(1, -1)
-    z = (r * np.uint64(dim) + cols) ^ np.uint64((seed * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
+    cols = np.arange(col_offset, col_offset + dim, dtype=np.uint64).reshape(1, -1)
+    z = (r * np.uint64(full_dim or dim) + cols) ^ np.uint64((seed * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
     z = z + _GOLDEN
     z = (z ^ (z >> np.uint64(30))) * _MIX1
     z = (z ^ (z >> np.uint64(27))) * _MIX2
@@ -105,6 +108,8 @@ class RowFile:
         state_shapes: per optimizer state tensor, its shape per row (``()`` for one float a
             row, ``(dim,)`` for one per element); zeros initially.
         seed, init_range: the (seed, row id) initialisation of untouched rows.
+        block: (row offset, column offset, full dim) when this file holds one block of a
+            larger table (a shard): untouched rows start as that table's rows would.
     """
 
     def __init__(
@@ -116,8 +121,10 @@ class RowFile:
         state_shapes: Mapping[str, tuple[int, ...]],
         seed: int,
         init_range: tuple[float, float],
+        block: tuple[int, int, int] | None = None,
     ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
+        self.block = block or (0, 0, int(dim))
         self.rows, self.dim, self.seed = int(rows), int(dim), int(seed)
         self.init_range = (float(init_range[0]), float(init_range[1]))
         self.state_shapes = {k: tuple(v) for k, v in state_shapes.items()}
@@ -143,7 +150,9 @@ class RowFile:
 
     def initial(self, ids: np.ndarray) -> np.ndarray:
         """(n, dim) initial weights of ``ids``."""
-        return hashed_uniform(self.seed, ids, self.dim, *self.init_range)
+        row_offset, col_offset, full_dim = self.block
+        return hashed_uniform(self.seed, ids + row_offset if row_offset else ids, self.dim,
+                              *self.init_range, col_offset=col_offset, full_dim=full_dim)
 
     def read(self, ids: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray], int]:
         """Weights and states of ``ids``, and how many of them came from the file."""
@@ -258,6 +267,7 @@ class SetAssociativeRowCache:
                 hint="give the share of rows to keep in memory, e.g. 0.2",
             )
         self.store, self.ways = store, int(ways)
+        self.load_factor = float(load_factor)
         self.num_sets = max(1, min(math.ceil(load_factor * store.rows / ways),
                                    math.ceil(store.rows / ways)))
         self.main_slots = self.num_sets * self.ways

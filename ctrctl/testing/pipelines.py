@@ -29,6 +29,7 @@ from ctrctl.distributed.default_plan import forced_plan
 from ctrctl.distributed.model_parallel import DistributedModelParallel
 from ctrctl.distributed.pipeline import make_pipeline
 from ctrctl.distributed.pipeline.sparse_dist import sharded_collections
+from ctrctl.modules.cached_embedding import hashed_init_weight
 from ctrctl.modules.dlrm import DLRM
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
@@ -53,11 +54,12 @@ def pipeline_tables() -> list[EmbeddingBagConfig]:
 
 def make_dlrm(kind: str = "exact_rowwise_adagrad", seed: int = 7,
               cached_tables: Mapping[str, float] | None = None,
-              tables: Sequence[EmbeddingBagConfig] | None = None) -> DLRM:
+              tables: Sequence[EmbeddingBagConfig] | None = None,
+              backend: str = "auto") -> DLRM:
     torch.manual_seed(seed)
     ebc = EmbeddingBagCollection(list(tables or pipeline_tables()),
                                  EmbeddingOptimizerConfig(kind=cast(Any, kind), lr=0.05),
-                                 seed=seed, cached_tables=cached_tables)
+                                 seed=seed, cached_tables=cached_tables, backend=backend)
     return DLRM(ebc, DENSE_IN, [16, DIM], [16, 1])
 
 
@@ -79,8 +81,9 @@ def make_batch(step: int, rank: int, batch: int = LOCAL_BATCH,
 
 
 def _wrap(model: nn.Module, plan_types: str | Mapping[str, str], world_size: int,
-          dense_group: bool) -> DistributedModelParallel:
-    tables = pipeline_tables()
+          dense_group: bool, tables: Sequence[EmbeddingBagConfig] | None = None
+          ) -> DistributedModelParallel:
+    tables = list(tables or pipeline_tables())
     plan = forced_plan(tables, world_size, plan_types if isinstance(plan_types, str)
                        else dict(plan_types))
     group = comm.new_group(list(range(world_size))) if dense_group else None
@@ -191,6 +194,51 @@ def semi_sync_body(rank: int, world_size: int, plan_types: str | Mapping[str, st
         ref_losses.append(loss.detach())
     want = {"loss": torch.stack(ref_losses), **_snapshot(ref)}
     return compare("semi-sync", got, want, where)
+
+
+def cached_tables_4x() -> list[EmbeddingBagConfig]:
+    """t0 (400 rows, two features) is the table to cache: its cache holds a quarter of it."""
+    return [EmbeddingBagConfig("t0", 400, DIM, ("f0", "f1")),
+            EmbeddingBagConfig("t1", 60, DIM, ("f2",), pooling="mean"),
+            EmbeddingBagConfig("t2", 11, DIM, ("f3",))]
+
+
+def cached_sharded_body(rank: int, world_size: int, plan_types: str | Mapping[str, str],
+                        names: Sequence[str], steps: int, kind: str) -> dict[str, Any]:
+    """t0 cached (load factor 0.25) and sharded by the plan, trained with each pipeline,
+    against the same model with t0 resident (plain-torch kernel, the same initial bits).
+
+    Returns:
+        pipeline -> {"bitwise": bool, "forward_misses": this rank's, "unique_misses": ...}.
+    """
+    where = f"cached t0, plan {plan_types}, rank {rank}/{world_size}"
+    tables = cached_tables_4x()
+    batches = [make_batch(s, rank, tables=tables) for s in range(steps)]
+
+    def cached_model() -> DLRM:
+        return make_dlrm(kind, cached_tables={"t0": 0.25}, tables=tables, backend="torch")
+
+    template = cached_model()
+    spec = template.sparse_arch.cached_table_specs()["t0"]
+    start = template.sparse_arch.embedding_bag_weights(["t1", "t2"])
+    start["t0"] = hashed_init_weight(400, DIM, spec.seed, spec.init_range)
+    resident = make_dlrm(kind, tables=tables, backend="torch")
+    resident.sparse_arch.load_embedding_bag_weights(start)
+    ref = _wrap(resident, plan_types, world_size, False, tables)
+    train_with("base", ref, batches)
+    want = {"loss": torch.zeros(0), **_snapshot(ref)}
+    out: dict[str, Any] = {}
+    for name in names:
+        model = _wrap(cached_model(), plan_types, world_size, False, tables)
+        losses = train_with(name, model, batches)
+        counters = [c for m in sharded_collections(model) for c in m.cache_counters().values()]
+        got = {"loss": torch.zeros(0), **_snapshot(model)}
+        assert losses.numel() == steps
+        out[name] = {"bitwise": compare(name, got, want, where),
+                     "forward_misses": sum(c["forward_misses"] for c in counters),
+                     "unique_misses": sum(c["unique_misses"] for c in counters),
+                     "shards": len(counters)}
+    return out
 
 
 def uneven_body(rank: int, world_size: int, name: str, counts: Sequence[int]) -> int:

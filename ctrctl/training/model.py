@@ -31,7 +31,6 @@ from ctrctl.modules.batched_embedding import Backend
 from ctrctl.modules.dlrm import Interaction
 from ctrctl.modules.embedding_configs import PoolingType
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
-from ctrctl.names import ComputeKernel
 from ctrctl.training.optimizers import EMBEDDING_KINDS, embedding_optimizer
 
 __all__ = [
@@ -160,19 +159,6 @@ def wrap_model(model: nn.Module, plan: ShardingPlan | None, process_group: Any,
     for its default plan; ``dense_process_group``: where DDP all-reduces dense gradients
     (default ``process_group``).
     """
-    cached = [name for _, m in _embedding_modules(model) if isinstance(m, EmbeddingBagCollection)
-              for name in m.cache_counters()]
-    if plan is not None:
-        planned = sorted(n for n, p in plan.tables.items() if p.compute_kernel == ComputeKernel.FUSED_CACHED.value)
-        if planned:
-            raise ConfigError(f"the plan puts tables {planned} on the fused_cached kernel, "
-                              "which does not shard yet",
-                              hint="train them in one process with model.cached_tables, or "
-                              "plan with more ranks or memory")
-    if cached:
-        raise ConfigError(f"tables {cached} are cached (model.cached_tables), and cached "
-                          "tables are not sharded yet",
-                          hint="train them with --nproc-per-node 1, or drop model.cached_tables")
     try:
         from ctrctl.distributed.model_parallel import DistributedModelParallel
     except ImportError as exc:

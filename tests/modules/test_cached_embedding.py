@@ -412,8 +412,4 @@ def test_model_config_asks_for_cached_tables_and_checkpoints_see_whole_tables(
         assert torch.equal(model(torch.ones(64, 1), kjt), resident(torch.ones(64, 1), kjt))
     with pytest.raises(Exception, match="unknown tables"):
         dlrm_from_manifest(manifest, 4, [4], [4, 1], cached_tables={"C9": 0.5})
-    from ctrctl.errors import ConfigError
-    from ctrctl.training.model import wrap_model
-
-    with pytest.raises(ConfigError, match="not sharded yet"):  # not silently made resident
-        wrap_model(model, None, None)
+    # sharded, a cached table keeps its shards cached: tests/distributed/pipeline/

@@ -66,6 +66,25 @@ def test_exact_pipelines_resume_bitwise_on_two_ranks(ds: SyntheticDataset,
     _check_exact(ranks[0], "world 2")
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_sharded_cached_table_trains_and_resumes_through_the_loop(
+        ds: SyntheticDataset, tmp_path: Path) -> None:
+    from ctrctl.distributed.default_plan import forced_plan
+    from ctrctl.training import model as model_io
+
+    overrides = [*OVERRIDES, "model.cached_tables={C1: 0.25}"]
+    cfg = load_config(None, overrides)
+    model = model_io.build_model(cfg, ds.manifest, torch.device("cpu"))
+    plan = forced_plan(model.sparse_arch.embedding_bag_configs(), 2,  # type: ignore[operator]
+                       {"C1": "row_wise", "C2": "table_wise", "C3": "table_wise",
+                        "C4": "row_wise"})
+    ranks = run_multiprocess(pipeline_resume_body, 2, args=(
+        str(ds.path), str(tmp_path), overrides, plan.to_dict(), ["base", "prefetch"], 7),
+        timeout_s=300)
+    _check_exact(ranks[0], "world 2, C1 cached")
+
+
 def test_semi_sync_trains_and_the_trace_shows_its_worker(ds: SyntheticDataset,
                                                          tmp_path: Path) -> None:
     trace = tmp_path / "trace.json"

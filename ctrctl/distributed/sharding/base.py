@@ -26,7 +26,7 @@ Example:
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -35,6 +35,7 @@ from torch import nn
 
 from ctrctl.distributed.types import ParameterSharding, ShardMetadata
 from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
+from ctrctl.modules.cached_embedding import CachedEmbeddingBag, CachedTableSpec
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 
@@ -91,15 +92,20 @@ class EmbeddingSharding(nn.Module, abc.ABC, Generic[DistInput]):
             division, see :class:`~ctrctl.distributed.embeddingbag.ShardedEmbeddingBagCollection`).
         backend: the lookup kernel, ``auto`` (FBGEMM when it runs here), ``fbgemm`` or
             ``torch`` (see :class:`~ctrctl.modules.batched_embedding.BatchedEmbeddingBag`).
+        cached: table name -> how it is cached, for tables whose shards live on disk with a
+            DRAM row cache (the ``fused_cached`` kernel,
+            :class:`~ctrctl.modules.cached_embedding.CachedEmbeddingBag`).
     """
 
     sharding_type: str = ""
 
     def __init__(self, tables: Sequence[EmbeddingBagConfig], shardings: Sequence[ParameterSharding],
                  optimizer: EmbeddingOptimizerConfig, group: Any | None = None,
-                 grad_scale: float = 1.0, backend: str = "auto") -> None:
+                 grad_scale: float = 1.0, backend: str = "auto",
+                 cached: Mapping[str, CachedTableSpec] | None = None) -> None:
         super().__init__()
         self.backend = backend
+        self.cached = dict(cached or {})
         self.tables = list(tables)
         self.shardings = list(shardings)
         self.optimizer = optimizer
@@ -146,9 +152,19 @@ class EmbeddingSharding(nn.Module, abc.ABC, Generic[DistInput]):
         return self.output_dist(self.lookup(dist_input), dist_input, lengths)
 
     @abc.abstractmethod
-    def local_shards(self) -> list[LocalShard]:
-        """The shards this rank holds (weights and optimizer state as views)."""
+    def local_shards(self, tables: Collection[str] | None = None) -> list[LocalShard]:
+        """The shards this rank holds (weights and optimizer state as views); ``tables``:
+        at least those of these tables (kernels holding none of them are not read)."""
 
-    def fused_lookups(self) -> list[BatchedEmbeddingBag]:
+    def fused_lookups(self) -> list[BatchedEmbeddingBag | CachedEmbeddingBag]:
         """The fused kernels of this rank (for the learning rate and the optimizer view)."""
-        return [m for m in self.modules() if isinstance(m, BatchedEmbeddingBag)]
+        return [m for m in self.modules()
+                if isinstance(m, (BatchedEmbeddingBag, CachedEmbeddingBag))]
+
+    def cached_kernels(self) -> list[CachedEmbeddingBag]:
+        """This rank's kernels over cached shards."""
+        return [m for m in self.modules() if isinstance(m, CachedEmbeddingBag)]
+
+    def prefetch(self, pending: PendingInput[DistInput]) -> None:
+        """Start bringing the rows of a coming batch (its input dist, in flight) into cached
+        shards' caches; a no-op without cached shards."""

@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,8 @@ from torch import nn
 from ctrctl.distributed import comm
 from ctrctl.distributed.sharding.base import EmbeddingSharding, LocalShard
 from ctrctl.distributed.types import ParameterSharding, ShardMetadata
+from ctrctl.errors import PlanError
+from ctrctl.modules.cached_embedding import CachedTableSpec
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.names import ShardingType
@@ -46,8 +48,14 @@ class DpSharding(EmbeddingSharding[LocalBags]):
 
     def __init__(self, tables: Sequence[EmbeddingBagConfig], shardings: Sequence[ParameterSharding],
                  optimizer: EmbeddingOptimizerConfig, group: Any | None = None,
-                 grad_scale: float = 1.0, backend: str = "auto") -> None:
-        super().__init__(tables, shardings, optimizer, group, grad_scale, backend)
+                 grad_scale: float = 1.0, backend: str = "auto",
+                 cached: Mapping[str, CachedTableSpec] | None = None) -> None:
+        super().__init__(tables, shardings, optimizer, group, grad_scale, backend, cached)
+        replicated_cached = [t.name for t in self.tables if t.name in self.cached]
+        if replicated_cached:
+            raise PlanError(f"tables {replicated_cached} are cached and planned data_parallel, "
+                            "whose replicas are dense parameters in memory",
+                            hint="plan them table_wise or row_wise")
         self.rank = dist.get_rank(group)
         self.weights = nn.ParameterList(
             nn.Parameter(torch.empty(t.num_embeddings, t.embedding_dim).uniform_(
@@ -86,7 +94,7 @@ class DpSharding(EmbeddingSharding[LocalBags]):
             if p.grad is not None:
                 comm.all_reduce_(p.grad, self.group, average=True)
 
-    def local_shards(self) -> list[LocalShard]:
+    def local_shards(self, tables: Collection[str] | None = None) -> list[LocalShard]:
         return [LocalShard(t.name, ShardMetadata(self.rank, 0, 0, t.num_embeddings,
                                                  t.embedding_dim), w.data, {},
                            replicated=True)

@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, cast
 
 import torch
@@ -28,8 +28,9 @@ import torch.distributed as dist
 from ctrctl.distributed import comm
 from ctrctl.distributed.sharding.base import EmbeddingSharding, LocalShard, PendingInput
 from ctrctl.distributed.sharding.common import GroupLayout, RoutedInput, route, to_slot_major
-from ctrctl.distributed.types import ParameterSharding
+from ctrctl.distributed.types import ParameterSharding, ShardMetadata
 from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
+from ctrctl.modules.cached_embedding import CachedEmbeddingBag, CachedTableSpec
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.sparse.ops import complete_cumsum
@@ -48,28 +49,39 @@ class RoutedSharding(EmbeddingSharding[comm.JaggedExchange]):
 
     def __init__(self, tables: Sequence[EmbeddingBagConfig], shardings: Sequence[ParameterSharding],
                  optimizer: EmbeddingOptimizerConfig, group: Any | None = None,
-                 grad_scale: float = 1.0, backend: str = "auto") -> None:
-        super().__init__(tables, shardings, optimizer, group, grad_scale, backend)
+                 grad_scale: float = 1.0, backend: str = "auto",
+                 cached: Mapping[str, CachedTableSpec] | None = None) -> None:
+        super().__init__(tables, shardings, optimizer, group, grad_scale, backend, cached)
         self.check_geometry()
         world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.layout = GroupLayout.build(self.tables, self.shardings, world)
         slots = self.layout.slots_per_rank[self.rank]
         local_tables = self.layout.local_tables[self.rank]
-        # contiguous runs of slots (and of local tables) that pool the same way
+        # contiguous runs of slots (and of local tables) that pool the same way on the same
+        # kind of kernel (resident, or cached: disk + DRAM rows)
         self.runs: list[tuple[int, int, int, int]] = []   # slot start/end, table start/end
         self.lookups = torch.nn.ModuleList()
+
+        def kind(slot: int) -> tuple[str, bool]:
+            table = slots[slot].table
+            return (self.layout.lookup_pooling(table),
+                    self.layout.tables[table].name in self.cached)
+
         start = 0
         while start < len(slots):
-            mode = self.layout.lookup_pooling(slots[start].table)
             end = start
-            while end < len(slots) and self.layout.lookup_pooling(slots[end].table) == mode:
+            while end < len(slots) and kind(end) == kind(start):
                 end += 1
+            mode, is_cached = kind(start)
             t0, t1 = slots[start].local_table, slots[end - 1].local_table + 1
             shapes = [(s.rows, s.cols) for _, s in local_tables[t0:t1]]
             fmap = [s.local_table - t0 for s in slots[start:end]]
-            self.lookups.append(BatchedEmbeddingBag(shapes, fmap, optimizer, mode,
-                                                    backend=backend))
+            if is_cached:
+                self.lookups.append(self._cached_kernel(local_tables[t0:t1], fmap, mode))
+            else:
+                self.lookups.append(BatchedEmbeddingBag(shapes, fmap, optimizer, mode,
+                                                        backend=backend))
             self.runs.append((start, end, t0, t1))
             start = end
         all_columns = self.layout.target_columns()
@@ -85,8 +97,22 @@ class RoutedSharding(EmbeddingSharding[comm.JaggedExchange]):
                          if self.layout.row_split(t) and self.layout.tables[t].pooling == "mean"]
         self.mean_features = mean_features
 
-    def kernels(self) -> list[BatchedEmbeddingBag]:
-        return [cast(BatchedEmbeddingBag, k) for k in self.lookups]
+    def _cached_kernel(self, blocks: Sequence[tuple[int, ShardMetadata]], fmap: list[int],
+                       mode: str) -> CachedEmbeddingBag:
+        """Cached shards: each block's file starts as its part of the whole table would."""
+        specs = [self.cached[self.layout.tables[t].name] for t, _ in blocks]
+        return CachedEmbeddingBag(
+            [(s.rows, s.cols) for _, s in blocks], fmap, self.optimizer, mode,
+            cache_load_factor=[sp.load_factor for sp in specs],
+            seeds=[sp.seed for sp in specs], init_ranges=[sp.init_range for sp in specs],
+            cache_dir=specs[0].cache_dir,
+            names=[f"{self.layout.tables[t].name}.r{s.row_offset}.c{s.col_offset}"
+                   for t, s in blocks],
+            blocks=[(s.row_offset, s.col_offset, self.layout.tables[t].embedding_dim)
+                    for t, s in blocks])
+
+    def kernels(self) -> list[BatchedEmbeddingBag | CachedEmbeddingBag]:
+        return [cast(BatchedEmbeddingBag | CachedEmbeddingBag, k) for k in self.lookups]
 
     def check_geometry(self) -> None:
         """Raise PlanError when a plan entry does not fit this type (subclasses refine)."""
@@ -109,24 +135,40 @@ class RoutedSharding(EmbeddingSharding[comm.JaggedExchange]):
         return PendingExchange(comm.start_jagged_all_to_all(
             routed.lengths, routed.values, routed.weights, lengths.shape[1], self.group))
 
-    def lookup(self, received: comm.JaggedExchange) -> torch.Tensor:
+    def _run_inputs(self, received: comm.JaggedExchange
+                    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """Per run of slots, the (ids, offsets, weights) its kernel pools."""
         num_slots = len(self.layout.slots_per_rank[self.rank])
         global_batch = sum(received.batch_per_source)
         lengths, values, weights = to_slot_major(received.lengths, received.values,
                                                  received.weights, num_slots,
                                                  received.batch_per_source)
-        if not self.runs:
-            # Nothing held here; still take part in backward's collective.
-            return torch.zeros(global_batch, 0, device=values.device,
-                               requires_grad=torch.is_grad_enabled())
         offsets = complete_cumsum(lengths.long())
-        pooled = []
-        for (s0, s1, _, _), kernel in zip(self.runs, self.kernels(), strict=True):
+        inputs = []
+        for s0, s1, _, _ in self.runs:
             first, last = s0 * global_batch, s1 * global_batch
             v0, v1 = int(offsets[first]), int(offsets[last])
-            pooled.append(kernel(values[v0:v1], offsets[first:last + 1] - v0,
-                                 weights[v0:v1] if weights is not None else None))
+            inputs.append((values[v0:v1], offsets[first:last + 1] - v0,
+                           weights[v0:v1] if weights is not None else None))
+        return inputs
+
+    def lookup(self, received: comm.JaggedExchange) -> torch.Tensor:
+        if not self.runs:
+            # Nothing held here; still take part in backward's collective.
+            return torch.zeros(sum(received.batch_per_source), 0, device=received.values.device,
+                               requires_grad=torch.is_grad_enabled())
+        pooled = [kernel(ids, offsets, weights) for (ids, offsets, weights), kernel in
+                  zip(self._run_inputs(received), self.kernels(), strict=True)]
         return pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=1)    # (Bg, W)
+
+    def prefetch(self, pending: PendingInput[comm.JaggedExchange]) -> None:
+        """Wait for a coming batch's ids, then queue their rows' lookup in cached shards."""
+        if not any(isinstance(k, CachedEmbeddingBag) for k in self.kernels()):
+            return
+        for (ids, offsets, _), kernel in zip(self._run_inputs(pending.wait()), self.kernels(),
+                                             strict=True):
+            if isinstance(kernel, CachedEmbeddingBag):
+                kernel.prefetch(ids, offsets)
 
     def output_dist(self, pooled: torch.Tensor, dist_input: comm.JaggedExchange,
                     lengths: torch.Tensor) -> torch.Tensor:
@@ -159,10 +201,13 @@ class RoutedSharding(EmbeddingSharding[comm.JaggedExchange]):
         return out * scale.t()
 
     # ---- state ------------------------------------------------------------------------------
-    def local_shards(self) -> list[LocalShard]:
+    def local_shards(self, tables: Collection[str] | None = None) -> list[LocalShard]:
         shards = []
         local_tables = self.layout.local_tables[self.rank]
         for (_, _, t0, t1), kernel in zip(self.runs, self.kernels(), strict=True):
+            names = {self.layout.tables[t].name for t, _ in local_tables[t0:t1]}
+            if tables is not None and not names & set(tables):
+                continue  # not read: reading a cached kernel writes its whole files
             weights = kernel.split_weights()
             states = kernel.optimizer_state()
             for i, (t, shard) in enumerate(local_tables[t0:t1]):

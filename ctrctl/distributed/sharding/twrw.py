@@ -18,7 +18,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ from ctrctl.distributed.sharding.routed import _place_columns
 from ctrctl.distributed.sharding.rw import RwSharding
 from ctrctl.distributed.types import ParameterSharding
 from ctrctl.errors import PlanError
+from ctrctl.modules.cached_embedding import CachedTableSpec
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.names import ShardingType
@@ -45,8 +46,9 @@ class TwrwSharding(RwSharding):
     def __init__(self, tables: Sequence[EmbeddingBagConfig], shardings: Sequence[ParameterSharding],
                  optimizer: EmbeddingOptimizerConfig, group: Any | None = None,
                  grad_scale: float = 1.0, backend: str = "auto",
+                 cached: Mapping[str, CachedTableSpec] | None = None,
                  local_world_size: int | None = None) -> None:
-        super().__init__(tables, shardings, optimizer, group, grad_scale, backend)
+        super().__init__(tables, shardings, optimizer, group, grad_scale, backend, cached)
         world = dist.get_world_size(group)
         local = local_world_size or world
         if world % local:
