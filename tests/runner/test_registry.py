@@ -26,7 +26,7 @@ from ctrctl.tracking import Tracker, make_tracker
 from tests.runner.helpers import DEMO, ROOT, TINY, tiny_inputs
 
 pytest.importorskip("ctrctl.inference.export")
-#: About 2 minutes on 2 cores: two runs, each exporting (torch.export) and logging a pyfunc
+#: About 25-40 s on 2 cores: two runs, each exporting (torch.export) and logging a pyfunc
 #: model, and one `mlflow models serve`.
 pytestmark = pytest.mark.slow
 
