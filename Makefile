@@ -17,7 +17,7 @@ OVERRIDES ?=
 RUN_ARGS ?=
 STEPS := synth preprocess plan train eval quantize register
 
-.PHONY: setup test test-slow test-all demo pipeline $(STEPS) lint bench bench-setup clean
+.PHONY: setup test test-slow test-all test-pipeline demo pipeline $(STEPS) lint bench bench-setup clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,11 @@ test: setup
 
 test-slow: setup
 	$(PY) -m pytest -m "slow and not gpu" $(PYTEST_ARGS)
+
+# The runner's slow end-to-end tests (what .ci/run adds to `make test`): a killed train step
+# resumes, a real `mlflow server`, the registry, `mlflow models serve` of models:/NAME@candidate.
+test-pipeline: setup
+	$(PY) -m pytest -m "slow and not gpu" tests/runner $(PYTEST_ARGS)
 
 test-all: setup
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)

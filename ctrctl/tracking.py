@@ -243,8 +243,8 @@ class MlflowTracker(Tracker):
             order_by=["attributes.start_time DESC"])
         return [r.info.run_id for r in runs]
 
-    def _logged_model_uri(self, client: Any, model_uri: str, run_id: str | None) -> str | None:
-        """``models:/<id>`` of the model logged as ``runs:/RUN/NAME``: MLflow 3 keeps a
+    def _logged_model_id(self, client: Any, model_uri: str, run_id: str | None) -> str | None:
+        """The id of the model logged as ``runs:/RUN/NAME``: MLflow 3 keeps a
         logged model outside the run's artifacts, so a version made from the runs:/ URI
         itself would point at files that are not there."""
         if not model_uri.startswith("runs:/") or run_id is None:
@@ -257,7 +257,7 @@ class MlflowTracker(Tracker):
         found = [m for m in search(experiment_ids=[experiment],
                                    filter_string=f"source_run_id = '{run_id}'")
                  if m.name == artifact]
-        return f"models:/{found[0].model_id}" if found else None
+        return str(found[0].model_id) if found else None
 
     def register_model(self, name: str, model_uri: str, run_id: str | None,
                        tags: Mapping[str, str], alias: str | None) -> str | None:
@@ -268,14 +268,17 @@ class MlflowTracker(Tracker):
             client.get_registered_model(name)
         except MlflowException:
             client.create_registered_model(name)
-        source = self._logged_model_uri(client, model_uri, run_id) or model_uri
+        model_id = self._logged_model_id(client, model_uri, run_id)
+        source = f"models:/{model_id}" if model_id else model_uri
         if self.tracking_uri and source.startswith("models:/"):
             # The registry resolves a models:/ source through the global tracking URI.
             import mlflow
 
             mlflow.set_tracking_uri(self.tracking_uri)
+        # A tracking server accepts a models:/<id> source only with its model_id beside it.
         version = client.create_model_version(name, source, run_id=run_id,
-                                              tags={k: str(v) for k, v in tags.items()})
+                                              tags={k: str(v) for k, v in tags.items()},
+                                              **({"model_id": model_id} if model_id else {}))
         if alias:
             client.set_registered_model_alias(name, alias, version.version)
         return str(version.version)

@@ -103,9 +103,15 @@ def tracker_from(no_track: bool, tracking_uri: str | None, experiment: str) -> T
 
 
 class RichProgress(Progress):
-    """A rich progress bar with a rate and extra fields (loss, auc, ...)."""
+    """A rich progress bar with a rate and extra fields (loss, auc, ...).
 
-    def __init__(self) -> None:
+    Args:
+        embedded: draw nothing itself; another live display (``ctrctl run``'s step table)
+            shows :attr:`renderable` (rich allows one live display at a time).
+    """
+
+    def __init__(self, embedded: bool = False) -> None:
+        self.embedded = embedded
         self._bar: RichProgressBar | None = None
         self._task: Any = None
         self._unit = "it"
@@ -125,7 +131,8 @@ class RichProgress(Progress):
             console=console,
             transient=False,
         )
-        self._bar.start()
+        if not self.embedded:
+            self._bar.start()
         self._task = self._bar.add_task(description, total=total, rate="", extra="")
 
     def advance(self, amount: float = 1, **fields: Any) -> None:
@@ -142,8 +149,14 @@ class RichProgress(Progress):
 
     def finish(self) -> None:
         if self._bar is not None:
-            self._bar.stop()
+            if not self.embedded:
+                self._bar.stop()
             self._bar = None
+
+    @property
+    def renderable(self) -> RichProgressBar | None:
+        """The bar of the task in progress (None between tasks)."""
+        return self._bar
 
 
 def make_progress() -> Progress:

@@ -3,29 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from ctrctl.cli.common import Experiment, NoTrack, TrackingUri, console, make_progress, tracker_from
-
-
-def _metric(outcome: Any) -> str:
-    pair = outcome.key_metric
-    if pair is None:
-        return outcome.reason
-    key, value = pair
-    return f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
-
-
-def _line(outcome: Any) -> None:
-    if outcome.status == "running":
-        console.print(f"[bold]{outcome.name}[/]: running", highlight=False)
-    elif outcome.status != "outside":
-        took = f" in {outcome.seconds:.1f} s" if outcome.status == "ran" else ""
-        console.print(f"[bold]{outcome.name}[/]: {outcome.status}{took} ({_metric(outcome)})",
-                      highlight=False)
+from ctrctl.cli.common import Experiment, NoTrack, TrackingUri, console, tracker_from
 
 
 def register(app: typer.Typer) -> None:
@@ -41,25 +23,32 @@ def register(app: typer.Typer) -> None:
                          ] = False,
         workdir: Annotated[Path | None, typer.Option(
             "--workdir", help="Working folder (default: runner.workdir or runs/<name>).")] = None,
+        plain: Annotated[bool, typer.Option(
+            "--plain", help="Plain lines as steps start and end and a table at the end, "
+            "instead of the live table (the default when the output is not a terminal).")
+                         ] = False,
         tracking_uri: TrackingUri = None,
         no_track: NoTrack = False,
         experiment: Experiment = "ctrctl",
     ) -> None:
-        """Run synth, preprocess, plan, train, eval, quantize and register from one YAML."""
+        """Run synth, preprocess, plan, train, eval, quantize and register from one YAML.
+
+        On a terminal a live table shows each step's state (pending, running, done,
+        skipped (cached), failed), its duration and key metric; elsewhere, or with --plain,
+        a line per step and a summary table.
+        """
+        from ctrctl.cli.run_view import LiveRunView, make_view
+        from ctrctl.progress import LogProgress
         from ctrctl.runner import run_pipeline
 
         tracker = tracker_from(no_track, tracking_uri, experiment)
-        result = run_pipeline(pipeline, overrides or (), workdir=workdir, from_step=from_step,
-                              until_step=until_step, force=force, tracker=tracker,
-                              tracking_uri=tracking_uri, progress=make_progress(),
-                              on_step=_line)
-        table = Table(title=f"ctrctl run {result.config.name} ({result.workdir})")
-        for name in ("step", "status", "seconds", "key metric"):
-            table.add_column(name, justify="right" if name == "seconds" else "left")
-        for o in result.outcomes:
-            table.add_row(o.name, o.status, f"{o.seconds:.1f}" if o.status == "ran" else "",
-                          _metric(o))
-        console.print(table)
+        view = make_view(console, plain)
+        with view:
+            result = run_pipeline(
+                pipeline, overrides or (), workdir=workdir, from_step=from_step,
+                until_step=until_step, force=force, tracker=tracker, tracking_uri=tracking_uri,
+                progress=view.progress if isinstance(view, LiveRunView) else LogProgress(),
+                observer=view)
         if result.parent_run_id:
             console.print(f"MLflow parent run {result.parent_run_id}", highlight=False)
         if result.model_uri:

@@ -10,9 +10,10 @@ Example:
     >>> [o.status for o in result.outcomes]
 """
 
-from ctrctl.runner.core import GATE_FAILED_EXIT, RunResult, StepOutcome, run_pipeline
+from ctrctl.runner.core import GATE_FAILED_EXIT, KEY_METRICS, RunResult, StepOutcome, run_pipeline
+from ctrctl.runner.events import CallbackObserver, RunObserver
 from ctrctl.runner.state import tree_sha256
 from ctrctl.runner.steps import STEPS
 
-__all__ = ["GATE_FAILED_EXIT", "STEPS", "RunResult", "StepOutcome", "run_pipeline",
-           "tree_sha256"]
+__all__ = ["GATE_FAILED_EXIT", "KEY_METRICS", "STEPS", "CallbackObserver", "RunObserver",
+           "RunResult", "StepOutcome", "run_pipeline", "tree_sha256"]

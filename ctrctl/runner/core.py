@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ from ctrctl.config import PipelineConfig, load_config
 from ctrctl.errors import CtrctlError
 from ctrctl.io import output_lock, write_text_atomic
 from ctrctl.progress import Progress
+from ctrctl.runner.events import RunObserver
 from ctrctl.runner.lineage import log_step_datasets
 from ctrctl.runner.state import StateStore, StepState, step_key
 from ctrctl.runner.steps import STEPS, Context, Step, check_step_name, steps
@@ -116,7 +117,7 @@ def run_pipeline(
     tracker: Tracker | None = None,
     tracking_uri: str | None = None,
     progress: Progress | None = None,
-    on_step: Callable[[StepOutcome], None] | None = None,
+    observer: RunObserver | None = None,
 ) -> RunResult:
     """Run a pipeline's steps (synth, preprocess, plan, train, eval, quantize, register).
 
@@ -135,7 +136,8 @@ def run_pipeline(
         tracker: MLflow tracking (default: none).
         tracking_uri: the tracker's URI, for steps run as separate processes.
         progress: progress of the steps' work.
-        on_step: called as each step starts and ends.
+        observer: told as the run and each step start and end
+            (:class:`ctrctl.runner.events.RunObserver`); the runner itself prints nothing.
 
     Returns:
         A :class:`RunResult`; ``exit_code`` is 3 when a gate failed.
@@ -155,13 +157,13 @@ def run_pipeline(
     with output_lock(folder, "ctrctl run"):
         return _run_locked(cfg, source, overrides, folder, from_step, until_step, force,
                            tracker or Tracker(), tracking_uri, progress or Progress(),
-                           on_step or (lambda outcome: None))
+                           observer or RunObserver())
 
 
 def _run_locked(cfg: PipelineConfig, source: str | None, overrides: Sequence[str],
                 folder: Path, from_step: str | None, until_step: str | None, force: bool,
                 tracker: Tracker, tracking_uri: str | None, progress: Progress,
-                report: Callable[[StepOutcome], None]) -> RunResult:
+                observer: RunObserver) -> RunResult:
     resolved = folder / ".ctrctl" / "config.yaml"
     resolved.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(resolved, f"# resolved from {source or 'a config object'}"
@@ -169,6 +171,7 @@ def _run_locked(cfg: PipelineConfig, source: str | None, overrides: Sequence[str
                       + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     store = StateStore(folder)
     outcomes: list[StepOutcome] = []
+    observer.run_started(cfg.name, STEPS, folder)
     with tracker.run(f"run {cfg.name}", tags={"ctrctl.step": "run",
                                              "ctrctl.pipeline": cfg.name}) as parent:
         parent.log_artifact(resolved)
@@ -186,9 +189,9 @@ def _run_locked(cfg: PipelineConfig, source: str | None, overrides: Sequence[str
                 outcome = StepOutcome(step.name, "outside", summary=ctx.summaries.get(
                     step.name, {}), reason="outside --from/--until")
             else:
-                outcome = _run_step(step, ctx, store, state, force, report)
+                outcome = _run_step(step, ctx, store, state, force, observer)
             outcomes.append(outcome)
-            report(outcome)
+            observer.step_finished(outcome)
         result = RunResult(workdir=folder, config=cfg, outcomes=outcomes,
                            parent_run_id=parent.run_id)
         evaluated = ctx.summaries.get("eval", {})
@@ -198,11 +201,12 @@ def _run_locked(cfg: PipelineConfig, source: str | None, overrides: Sequence[str
         parent.set_tags({"ctrctl.gates.passed": str(result.gates_passed).lower(),
                          **({"ctrctl.model_uri": result.model_uri} if result.model_uri else {}),
                          **{f"ctrctl.step.{o.name}": o.status for o in outcomes}})
+    observer.run_finished(result)
     return result
 
 
 def _run_step(step: Step, ctx: Context, store: StateStore, state: StepState | None,
-              force: bool, report: Callable[[StepOutcome], None]) -> StepOutcome:
+              force: bool, observer: RunObserver) -> StepOutcome:
     unavailable = step.unavailable(ctx)
     if unavailable:
         logger.info("%s: not run (%s)", step.name, unavailable)
@@ -224,17 +228,21 @@ def _run_step(step: Step, ctx: Context, store: StateStore, state: StepState | No
     resume = (step.name == "train" and not force and state is not None
               and state.status in ("running", "failed") and state.key == key)
     store.save(StepState(step.name, "running", key, inputs))
-    report(StepOutcome(step.name, "running"))
+    observer.step_started(StepOutcome(step.name, "running"))
     started, first = time.perf_counter(), len(ctx.tracker.started)
     try:
         summary = step.run(ctx, resume)
     except CtrctlError as exc:
         store.save(StepState(step.name, "failed", key, inputs, error=exc.render()))
+        observer.step_finished(StepOutcome(step.name, "failed", time.perf_counter() - started,
+                                           reason=exc.message))
         hint = (exc.hint + "; " if exc.hint else "") + "rerunning continues from this step"
         raise type(exc)(f"step {step.name} failed: {exc.message}", where=exc.where,
                         hint=hint) from exc
     except Exception as exc:
         store.save(StepState(step.name, "failed", key, inputs, error=repr(exc)))
+        observer.step_finished(StepOutcome(step.name, "failed", time.perf_counter() - started,
+                                           reason=repr(exc)))
         raise
     seconds = time.perf_counter() - started
     run_ids = [rid for name, rid in ctx.tracker.started[first:] if name == step.name]

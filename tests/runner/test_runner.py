@@ -10,7 +10,7 @@ import pytest
 
 from ctrctl.cli.app import main
 from ctrctl.errors import ConfigError, CtrctlError, SchemaError
-from ctrctl.runner import run_pipeline
+from ctrctl.runner import STEPS, RunObserver, RunResult, StepOutcome, run_pipeline
 from tests.runner.helpers import DEMO, ROOT, TINY, tiny_inputs
 
 
@@ -54,10 +54,34 @@ def test_force_reruns_and_from_until_select_a_part(tmp_path: Path) -> None:
     assert _statuses(part)["preprocess"] == "outside" and _statuses(part)["train"] == "outside"
 
 
+class Events(RunObserver):
+    """Every event the runner reports, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    def run_started(self, name: str, steps, workdir: Path) -> None:  # type: ignore[no-untyped-def]
+        self.events.append(("run_started", name, ",".join(steps)))
+
+    def step_started(self, outcome: StepOutcome) -> None:
+        self.events.append(("step_started", outcome.name, outcome.status))
+
+    def step_finished(self, outcome: StepOutcome) -> None:
+        self.events.append(("step_finished", outcome.name, outcome.status))
+
+    def run_finished(self, result: RunResult) -> None:
+        self.events.append(("run_finished", result.config.name, ""))
+
+
 def test_a_failed_step_stops_the_run_and_a_rerun_continues_from_it(tmp_path: Path) -> None:
     work = tmp_path / "work"
+    observer = Events()
     with pytest.raises(CtrctlError, match="step eval failed"):
-        run_pipeline(DEMO, (*TINY, "runner.eval_split=nosuchsplit"), workdir=work)
+        run_pipeline(DEMO, (*TINY, "runner.eval_split=nosuchsplit"), workdir=work,
+                     observer=observer)
+    assert observer.events[0] == ("run_started", "demo", ",".join(STEPS))
+    assert observer.events[-2:] == [("step_started", "eval", "running"),
+                                    ("step_finished", "eval", "failed")]  # no run_finished
     state = json.loads((work / ".ctrctl" / "state" / "eval.json").read_text())
     assert state["status"] == "failed" and "nosuchsplit" in state["error"]
     assert not (work / "eval").exists()

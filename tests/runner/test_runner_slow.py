@@ -95,6 +95,10 @@ def test_against_a_real_mlflow_server(tmp_path: Path, monkeypatch: pytest.Monkey
         train = next(r for r in runs if r.data.tags.get("ctrctl.step") == "train")
         assert {i.dataset.name for i in train.inputs.dataset_inputs} == {"demo/train",
                                                                         "demo/val"}
+        version = client.get_model_version_by_alias("ctrctl-demo", "candidate")
+        assert version.run_id == next(r.info.run_id for r in runs
+                                      if r.data.tags.get("ctrctl.step") == "quantize")
+        assert version.tags["ctrctl.pipeline_run_id"] == parent.info.run_id
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
