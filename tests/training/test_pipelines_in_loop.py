@@ -49,40 +49,37 @@ def test_exact_pipelines_resume_bitwise_in_one_process(ds: SyntheticDataset,
     _check_exact(results, "world 1")
 
 
-@pytest.mark.distributed
-def test_exact_pipelines_resume_bitwise_on_two_ranks(ds: SyntheticDataset,
-                                                     tmp_path: Path) -> None:
+def _resume_on_two_ranks(ds: SyntheticDataset, tmp_path: Path, overrides: list[str],
+                         types: dict[str, str], pipelines: list[str]) -> dict:  # type: ignore[type-arg]
+    """Whole and resumed runs of each pipeline on 2 ranks under a per-table plan."""
     from ctrctl.distributed.default_plan import forced_plan
     from ctrctl.training import model as model_io
 
-    cfg = load_config(None, OVERRIDES)
-    model = model_io.build_model(cfg, ds.manifest, torch.device("cpu"))
-    plan = forced_plan(model.sparse_arch.embedding_bag_configs(), 2,  # type: ignore[operator]
-                       {"C1": "row_wise", "C2": "table_wise", "C3": "column_wise",
-                        "C4": "data_parallel"})
+    model = model_io.build_model(load_config(None, overrides), ds.manifest, torch.device("cpu"))
+    tables = model.sparse_arch.embedding_bag_configs()  # type: ignore[operator]
+    plan = forced_plan(tables, 2, types)
     ranks = run_multiprocess(pipeline_resume_body, 2, args=(
-        str(ds.path), str(tmp_path), OVERRIDES, plan.to_dict(), ["base", "sparse-dist"], 7),
-        timeout_s=300)
-    _check_exact(ranks[0], "world 2")
+        str(ds.path), str(tmp_path), overrides, plan.to_dict(), pipelines, 7), timeout_s=300)
+    return ranks[0]
+
+
+@pytest.mark.distributed
+def test_exact_pipelines_resume_bitwise_on_two_ranks(ds: SyntheticDataset,
+                                                     tmp_path: Path) -> None:
+    results = _resume_on_two_ranks(ds, tmp_path, OVERRIDES, {
+        "C1": "row_wise", "C2": "table_wise", "C3": "column_wise", "C4": "data_parallel"},
+        ["base", "sparse-dist"])
+    _check_exact(results, "world 2")
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_sharded_cached_table_trains_and_resumes_through_the_loop(
         ds: SyntheticDataset, tmp_path: Path) -> None:
-    from ctrctl.distributed.default_plan import forced_plan
-    from ctrctl.training import model as model_io
-
-    overrides = [*OVERRIDES, "model.cached_tables={C1: 0.25}"]
-    cfg = load_config(None, overrides)
-    model = model_io.build_model(cfg, ds.manifest, torch.device("cpu"))
-    plan = forced_plan(model.sparse_arch.embedding_bag_configs(), 2,  # type: ignore[operator]
-                       {"C1": "row_wise", "C2": "table_wise", "C3": "table_wise",
-                        "C4": "row_wise"})
-    ranks = run_multiprocess(pipeline_resume_body, 2, args=(
-        str(ds.path), str(tmp_path), overrides, plan.to_dict(), ["base", "prefetch"], 7),
-        timeout_s=300)
-    _check_exact(ranks[0], "world 2, C1 cached")
+    results = _resume_on_two_ranks(ds, tmp_path, [*OVERRIDES, "model.cached_tables={C1: 0.25}"],
+                                   {"C1": "row_wise", "C2": "table_wise", "C3": "table_wise",
+                                    "C4": "row_wise"}, ["base", "prefetch"])
+    _check_exact(results, "world 2, C1 cached")
 
 
 def test_semi_sync_trains_and_the_trace_shows_its_worker(ds: SyntheticDataset,
