@@ -132,6 +132,9 @@ class BatchedEmbeddingBag(nn.Module):
         weights: optional initial (rows, dim) weight per table; zeros otherwise.
         bounds_check: FBGEMM's id check, "warning", "fatal" or "none" (ignored by "torch",
             which raises on a bad id).
+        cache_load_factor: CUDA only: keep the tables in host memory with this share of
+            their rows cached in HBM (FBGEMM's UVM caching, the ``fused_uvm_caching``
+            kernel; :meth:`prefetch` brings a coming batch's rows in).
 
     Example:
         >>> bag = BatchedEmbeddingBag([(10, 4)], feature_table_map=[0, 0], backend="torch")
@@ -149,10 +152,13 @@ class BatchedEmbeddingBag(nn.Module):
         data_type: str = "fp32",
         weights: Sequence[torch.Tensor] | None = None,
         bounds_check: str = "warning",
+        cache_load_factor: float | None = None,
     ) -> None:
         super().__init__()
         self.optimizer = optimizer or EmbeddingOptimizerConfig()
         self.device = torch.device(device or "cpu")
+        if cache_load_factor is not None:
+            backend = "fbgemm"  # UVM caching is FBGEMM's (CUDA)
         self.tables, self.feature_table_map = table_layout(
             tables, feature_table_map, "BatchedEmbeddingBag"
         )
@@ -173,6 +179,7 @@ class BatchedEmbeddingBag(nn.Module):
                 self.device,
                 data_type,
                 bounds_check,
+                cache_load_factor,
             )
         else:
             self.kernel = TorchTableBatchedEmbeddingBags(
@@ -218,6 +225,18 @@ class BatchedEmbeddingBag(nn.Module):
     def load_optimizer_state(self, states: Sequence[dict[str, torch.Tensor]]) -> None:
         """Copy per-table optimizer state (as :meth:`optimizer_state` returns it)."""
         copy_optimizer_states(self.optimizer_state(), states, "BatchedEmbeddingBag")
+
+    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
+        """Bring a coming batch's rows into the device cache (FBGEMM's UVM caching on CUDA);
+        a no-op for tables held whole on the device or in memory."""
+        prefetch = getattr(self.kernel, "prefetch", None)
+        if prefetch is not None:
+            prefetch(indices, offsets)
+
+    def cache_counters(self) -> dict[str, int]:
+        """The device cache's statistics (UVM caching), empty for resident tables."""
+        counters = getattr(self.kernel, "cache_counters", None)
+        return counters() if counters is not None else {}
 
     def set_learning_rate(self, lr: float) -> None:
         """Change the fused optimizer's learning rate (for schedules)."""

@@ -83,19 +83,24 @@ class EmbeddingBagCollection(nn.Module):
         self.device = torch.device(device or "cpu")
 
         # Group tables that can share one kernel, keeping the config order inside a group.
-        groups: dict[tuple[str, str, bool], list[int]] = {}
+        # On CUDA a cached table is FBGEMM's UVM caching (one load factor per kernel).
+        uvm = self.device.type == "cuda"
+        groups: dict[tuple[str, str, bool, float | None], list[int]] = {}
         for t, cfg in enumerate(self._configs):
-            groups.setdefault((cfg.pooling, cfg.data_type, cfg.name in cached), []).append(t)
+            key = (cfg.pooling, cfg.data_type, cfg.name in cached,
+                   cached.get(cfg.name) if uvm else None)
+            groups.setdefault(key, []).append(t)
         self._group_tables = list(groups.values())
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         self.bags = nn.ModuleList()
         self._input_features: list[str] = []  # kernel input order: by group, then table
         self._group_sizes: list[int] = []
         self._table_slot: dict[str, tuple[int, int]] = {}  # table -> (group, index in group)
-        for g, ((pooling, data_type, is_cached), members) in enumerate(groups.items()):
+        for g, ((pooling, data_type, is_cached, uvm_factor), members) in enumerate(
+                groups.items()):
             configs = [self._configs[t] for t in members]
             feature_table_map = [i for i, c in enumerate(configs) for _ in c.feature_names]
-            if is_cached:
+            if is_cached and not uvm:
                 self.bags.append(_cached_bag(configs, feature_table_map, self.optimizer,
                                              pooling, data_type, self.device, seed, cached,
                                              cache_dir))
@@ -112,6 +117,7 @@ class EmbeddingBagCollection(nn.Module):
                         data_type=data_type,
                         weights=weights,
                         bounds_check=bounds_check,
+                        cache_load_factor=uvm_factor,
                     )
                 )
             features = [f for c in configs for f in c.feature_names]
@@ -189,7 +195,7 @@ class EmbeddingBagCollection(nn.Module):
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """Start bringing a coming batch's rows into the caches of cached tables (no-op for
         resident ones); call it for batch i+1 while batch i computes, with the same KJT."""
-        cached = self._cached_bags()
+        cached = self._cached_bags() + self._uvm_bags()
         if not cached:
             return
         order = self._input_permutation(features.keys())
@@ -197,6 +203,10 @@ class EmbeddingBagCollection(nn.Module):
         parts = kjt.split(self._group_sizes) if len(self.bags) > 1 else [kjt]
         for g, bag in cached:
             bag.prefetch(parts[g].values(), parts[g].offsets())
+
+    def _uvm_bags(self) -> list[tuple[int, BatchedEmbeddingBag]]:
+        return [(g, bag) for g, bag in enumerate(self.bags)
+                if isinstance(bag, BatchedEmbeddingBag) and bag.cache_counters()]
 
     def flush(self) -> None:
         """Write the cached tables' dirty rows to their files."""
@@ -217,8 +227,10 @@ class EmbeddingBagCollection(nn.Module):
         return out
 
     def cache_counters(self) -> dict[str, dict[str, int]]:
-        """Per cached table name, its cache counters (see :class:`CachedEmbeddingBag`)."""
-        out = {}
+        """Per cached table name, its cache counters (see :class:`CachedEmbeddingBag`); on
+        CUDA, per UVM-cached kernel (its tables' names joined by ``+``), FBGEMM's."""
+        out = {"+".join(c.name for c in self._configs if self._table_slot[c.name][0] == g):
+               bag.cache_counters() for g, bag in self._uvm_bags()}
         for g, bag in self._cached_bags():
             for cfg in self._configs:
                 if self._table_slot[cfg.name][0] == g:

@@ -78,6 +78,10 @@ class FbgemmTableBatchedEmbeddingBags(nn.Module):
         data_type: "fp32" or "fp16" weight storage.
         bounds_check: FBGEMM's id bounds check ("warning" clamps bad ids with a warning,
             "fatal" raises, "none" skips it).
+        cache_load_factor: keep the tables in host memory (UVM) with this share of their
+            rows cached in HBM: FBGEMM's ``EmbeddingLocation.MANAGED_CACHING`` with an LRU
+            cache and ``prefetch_pipeline`` (CUDA only; :meth:`prefetch` brings a coming
+            batch's rows in, :meth:`cache_counters` reads FBGEMM's cache statistics).
     """
 
     def __init__(
@@ -89,11 +93,13 @@ class FbgemmTableBatchedEmbeddingBags(nn.Module):
         device: torch.device | str | None = None,
         data_type: str = "fp32",
         bounds_check: str = "warning",
+        cache_load_factor: float | None = None,
     ) -> None:
         super().__init__()
         from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
             BoundsCheckMode,
+            CacheAlgorithm,
             EmbeddingLocation,
             PoolingMode,
         )
@@ -116,8 +122,21 @@ class FbgemmTableBatchedEmbeddingBags(nn.Module):
                 reason, where="FbgemmTableBatchedEmbeddingBags", hint='use backend="torch"'
             )
         self.feature_dims = [self.tables[t][1] for t in self.feature_table_map]
+        self.uvm_cache = cache_load_factor is not None
+        if self.uvm_cache and device.type != "cuda":
+            raise ConfigError(
+                "FBGEMM's UVM cache (fused_uvm_caching) runs on CUDA",
+                where="FbgemmTableBatchedEmbeddingBags",
+                hint="on CPU keep the table on disk with a DRAM cache (fused_cached, "
+                     "model.cached_tables)")
+        caching: dict[str, Any] = {}
         if device.type == "cpu":
             location, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
+        elif self.uvm_cache:
+            location, compute = EmbeddingLocation.MANAGED_CACHING, ComputeDevice.CUDA
+            caching = {"cache_load_factor": float(cache_load_factor or 0.2),
+                       "cache_algorithm": CacheAlgorithm.LRU, "prefetch_pipeline": True,
+                       "gather_uvm_cache_stats": True}
         else:
             location, compute = EmbeddingLocation.DEVICE, ComputeDevice.CUDA
         specs = [(rows, dim, location, compute) for rows, dim in self.tables]
@@ -139,6 +158,7 @@ class FbgemmTableBatchedEmbeddingBags(nn.Module):
             output_dtype=SparseType.FP32,
             bounds_check_mode=getattr(BoundsCheckMode, bounds_check.upper()),
             device=device,
+            **caching,
         )
         self.pooling = pooling
 
@@ -162,6 +182,25 @@ class FbgemmTableBatchedEmbeddingBags(nn.Module):
             scale = torch.repeat_interleave(scale, lengths, output_size=indices.numel())
             per_sample_weights = scale if per_sample_weights is None else per_sample_weights * scale
         return self.tbe(indices, offsets, per_sample_weights=per_sample_weights)
+
+    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
+        """Bring a coming batch's rows into the HBM cache (UVM caching; else a no-op).
+
+        Call it with the ids the forward will get, on the stream the forward runs on or with
+        that stream recorded on the inputs (a train pipeline's prefetch stage)."""
+        if self.uvm_cache:
+            if indices.dtype != offsets.dtype:
+                indices, offsets = indices.long(), offsets.long()
+            self.tbe.prefetch(indices, offsets)
+
+    def cache_counters(self) -> dict[str, int]:
+        """FBGEMM's UVM cache statistics (all tables together), empty without the cache."""
+        if not self.uvm_cache:
+            return {}
+        stats = self.tbe.get_uvm_cache_stats().tolist()
+        names = ["calls", "requested_ids", "unique_ids", "unique_misses",
+                 "conflict_unique_misses", "conflict_misses"]
+        return {n: int(v) for n, v in zip(names, stats, strict=False)}
 
     def set_learning_rate(self, lr: float) -> None:
         self.tbe.set_learning_rate(float(lr))
