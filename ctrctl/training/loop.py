@@ -464,6 +464,7 @@ class _Trainer:
         source = self._batches()
         batches = itertools.islice(source, max(0, remaining))
         self.pipeline = pipeline = self.make_pipeline()
+        failed = True
         try:
             while self.step < self.total_steps and self.stop_reason is None:
                 if self.stop_after is not None and steps_this_run >= self.stop_after:
@@ -510,8 +511,10 @@ class _Trainer:
                 if (t.checkpoint_every and self.step % t.checkpoint_every == 0
                         and self.stop_reason is None):
                     self.save()
+            failed = False
         finally:
-            pipeline.close()  # its loading thread has stopped reading the source
+            # on an error, what is in flight is dropped: a failed peer may never finish it
+            pipeline.close(wait=not failed)  # its loading thread stops reading the source
             self.pipeline = None
             source.close()
         self.progress.finish()

@@ -141,8 +141,11 @@ class TrainPipeline(abc.ABC):
         """Embedding forwards that finished work this pipeline started ahead (0 for base)."""
         return sum(p.primed_calls for p in getattr(self, "_primed", []))
 
-    def close(self) -> None:
-        """Finish what is in flight (collectives complete on every rank) and stop threads."""
+    def close(self, wait: bool = True) -> None:
+        """Finish what is in flight (collectives complete on every rank) and stop threads.
+
+        ``wait=False`` (leaving on an error): drop what is in flight without waiting for it,
+        since a peer that failed may never complete it."""
         if self._ahead is not None:
             self._ahead.close()
             self._ahead = None
@@ -150,8 +153,8 @@ class TrainPipeline(abc.ABC):
     def __enter__(self) -> TrainPipeline:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, *exc: object) -> None:
+        self.close(wait=kind is None)
 
     # ---- shared pieces ------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:

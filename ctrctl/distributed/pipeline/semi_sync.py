@@ -142,11 +142,11 @@ class SemiSyncPipeline(TrainPipeline):
         self._next = upcoming
         return self.output(loss, current.tag, current.batch)
 
-    def close(self) -> None:
-        if self._next is not None and self._next.lookup is not None:
+    def close(self, wait: bool = True) -> None:
+        if self._next is not None and self._next.lookup is not None and wait:
             self._next.lookup.result()
         self._next = None
-        self._worker.shutdown(wait=True)
+        self._worker.shutdown(wait=wait)
         for p in self._primed:
             p.remove()
-        super().close()
+        super().close(wait)

@@ -148,10 +148,10 @@ class SparseDistPipeline(TrainPipeline):
         """Before a batch's forward when there is no backward to overlap (the first batch,
         scoring): the prefetch pipeline brings its rows in here."""
 
-    def close(self) -> None:
-        if self._next is not None:  # read ahead but not trained: finish its exchange
+    def close(self, wait: bool = True) -> None:
+        if self._next is not None and wait:  # read ahead but not trained: finish its exchange
             self._next.wait()
-            self._next = None
+        self._next = None
         for p in self._primed:
             p.remove()
-        super().close()
+        super().close(wait)
