@@ -104,10 +104,14 @@ class _Batch:
     offsets: torch.Tensor
     lookups: Future[list[_TableLookup]] | list[_TableLookup]
 
-    def result(self) -> list[_TableLookup]:
+    def result(self) -> tuple[list[_TableLookup], float]:
+        """The lookups, and the seconds spent waiting for them."""
+        waited = 0.0
         if isinstance(self.lookups, Future):
+            start = time.perf_counter()
             self.lookups = self.lookups.result()
-        return self.lookups
+            waited = time.perf_counter() - start
+        return self.lookups, waited
 
 
 class _CachedLookup(torch.autograd.Function):
@@ -235,6 +239,11 @@ class CachedEmbeddingBag(nn.Module):
         self.forward_misses = [0] * n
         #: Seconds spent in cache lookups (prefetches on the worker and inline ones).
         self.lookup_seconds = 0.0
+        #: Per table, seconds of its lookups on the worker (prefetches) and inline (forwards).
+        self.prefetch_lookup_seconds = [0.0] * n
+        self.inline_lookup_seconds = [0.0] * n
+        #: Seconds the caller's thread waited for prefetches (in forward, backward, flush).
+        self.prefetch_wait_seconds = 0.0
         self._trigger = torch.zeros(0, requires_grad=True)
 
     # ---- batches ------------------------------------------------------------------------
@@ -250,21 +259,24 @@ class CachedEmbeddingBag(nn.Module):
         feature_offsets = offsets[::batch]
         return segment_ranges(feature_offsets, chosen, chosen + 1)
 
-    def _lookup_all(self, indices: torch.Tensor, offsets: torch.Tensor) -> list[_TableLookup]:
+    def _lookup_all(self, indices: torch.Tensor, offsets: torch.Tensor, prefetched: bool
+                    ) -> list[_TableLookup]:
         start = time.perf_counter()
         try:
-            return self._lookup_tables(indices, offsets)
+            seconds = self.prefetch_lookup_seconds if prefetched else self.inline_lookup_seconds
+            return self._lookup_tables(indices, offsets, seconds)
         finally:
             self.lookup_seconds += time.perf_counter() - start
 
-    def _lookup_tables(self, indices: torch.Tensor, offsets: torch.Tensor
-                       ) -> list[_TableLookup]:
+    def _lookup_tables(self, indices: torch.Tensor, offsets: torch.Tensor,
+                       seconds: list[float]) -> list[_TableLookup]:
         batch = self._check(indices, offsets)
         out = []
         for t, (rows, _) in enumerate(self.tables):
             if batch == 0 or not self._table_features[t]:
                 out.append(_TableLookup(torch.zeros(0, dtype=torch.long), np.zeros(0, np.int64)))
                 continue
+            start = time.perf_counter()
             ids = indices[self._positions(offsets, batch, t)]
             if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
                 raise SparseInputError(
@@ -278,6 +290,7 @@ class CachedEmbeddingBag(nn.Module):
             lookup = _TableLookup(torch.from_numpy(slots)[inverse], slots)
             lookup.forward_misses = self.caches[t].counters.unique_misses - before
             out.append(lookup)
+            seconds[t] += time.perf_counter() - start
         return out
 
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
@@ -288,23 +301,28 @@ class CachedEmbeddingBag(nn.Module):
         will get.
         """
         indices, offsets = indices.long(), offsets.long()
-        future = self._executor.submit(self._lookup_all, indices, offsets)
+        future = self._executor.submit(self._lookup_all, indices, offsets, True)
         self._queued.append(_Batch(indices, offsets, future))
 
     def wait_prefetch(self) -> None:
         """Wait for every queued prefetch to finish."""
         for batch in self._queued:
-            batch.result()
+            self._result(batch)
+
+    def _result(self, batch: _Batch) -> list[_TableLookup]:
+        lookups, waited = batch.result()
+        self.prefetch_wait_seconds += waited
+        return lookups
 
     def _take(self, indices: torch.Tensor, offsets: torch.Tensor) -> list[_TableLookup]:
         while self._queued:
             batch = self._queued.popleft()
-            lookups = batch.result()
+            lookups = self._result(batch)
             if torch.equal(batch.indices, indices) and torch.equal(batch.offsets, offsets):
                 return lookups
             for t, lookup in enumerate(lookups):  # prefetched for another batch: drop it
                 self._release(t, lookup)
-        lookups = self._lookup_all(indices, offsets)
+        lookups = self._lookup_all(indices, offsets, False)
         for t, lookup in enumerate(lookups):
             self.forward_misses[t] += lookup.forward_misses
         return lookups
@@ -362,6 +380,21 @@ class CachedEmbeddingBag(nn.Module):
             for t, cache in enumerate(self.caches)
         ]
 
+    def stats(self) -> list[dict[str, float]]:
+        """Per table, :meth:`counters` plus ``dram_bytes`` and its lookup seconds.
+
+        ``prefetch_seconds``: its lookups on the worker thread; ``inline_lookup_seconds``:
+        those a forward did itself. The thread's waits for prefetches are per kernel
+        (:attr:`prefetch_wait_seconds`), not per table.
+        """
+        return [
+            {**{k: float(v) for k, v in counters.items()},
+             "dram_bytes": float(self.caches[t].dram_bytes()),
+             "prefetch_seconds": self.prefetch_lookup_seconds[t],
+             "inline_lookup_seconds": self.inline_lookup_seconds[t]}
+            for t, counters in enumerate(self.counters())
+        ]
+
     def dram_bytes(self) -> int:
         """Memory the caches hold (slots, metadata and touched maps)."""
         return sum(cache.dram_bytes() for cache in self.caches)
@@ -380,7 +413,7 @@ class CachedEmbeddingBag(nn.Module):
         """No batch in flight, the caches empty, the files complete: ready to be read."""
         self.wait_prefetch()
         while self._queued:
-            for t, lookup in enumerate(self._queued.popleft().result()):
+            for t, lookup in enumerate(self._result(self._queued.popleft())):
                 self._release(t, lookup)
         for t, lookup in self._in_flight:
             self._release(t, lookup)
