@@ -12,8 +12,10 @@ The lookup pools over cache slots instead of row ids::
 
 ``prefetch(indices, offsets)`` queues batch i+1's lookup on a worker thread while batch i
 computes; its forward then takes the slots ready-made (no misses in the forward). A forward
-without a queued prefetch does the lookup inline (slower, same result). Backward waits for a
-prefetch in flight before it updates rows, so the two never touch the cache at once.
+without a queued prefetch does the lookup inline (slower, same result). Backward does not
+wait for a prefetch in flight: the prefetch only evicts and fills slots no batch holds, and
+the update of this batch's (locked) slots takes the cache's mutex only against the short
+phase of a lookup that picks slots (and may reallocate the overflow area).
 
 The numerics are the plain-torch kernel's (:mod:`ctrctl.modules.torch_embedding`): the same
 pooling, the same summation of repeated ids in the same order and
@@ -139,17 +141,19 @@ class _CachedLookup(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # (bags, D)
         slots, lengths, per_sample_weights = ctx.saved_tensors
         kernel: CachedEmbeddingBag = ctx.kernel
-        kernel.wait_prefetch()  # a prefetch in flight must not see rows change under it
         cache = kernel.caches[ctx.table]
-        weight = cache.weight
-        # Slots are distinct per row id, so summing per slot sums repeated ids, in id order.
+        # A prefetch in flight may be filling other slots meanwhile: this batch's slots are
+        # locked, so it never touches them, and reading them from an older tensor (before
+        # the overflow area grew) gives the same values. Slots are distinct per row id, so
+        # summing per slot sums repeated ids, in id order.
         rows, summed, grad_weights = row_gradients(
-            grad_out, slots, lengths, weight, kernel.pooling,
+            grad_out, slots, lengths, cache.weight, kernel.pooling,
             per_sample_weights, ctx.needs_input_grad[5],
         )
-        apply_sparse_update(kernel.optimizer, kernel.learning_rate, weight, cache.state, rows,
-                            summed)
-        cache.mark_dirty(rows.numpy())
+        with cache.updating() as (weight, state):  # the current tensors, held in place
+            apply_sparse_update(kernel.optimizer, kernel.learning_rate, weight, state, rows,
+                                summed)
+            cache.mark_dirty_locked(rows.numpy())
         kernel._release(ctx.table, ctx.lookup)
         return None, None, None, None, None, grad_weights
 

@@ -32,11 +32,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import mmap
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -236,6 +237,19 @@ class CacheCounters:
         return dataclasses.asdict(self)
 
 
+@dataclasses.dataclass
+class _Fill:
+    """The data movement a lookup leaves for after its mutex: the tensors it chose slots in,
+    the dirty victims (slots, the rows they held) and the misses (slots, rows)."""
+
+    weight: torch.Tensor
+    state: dict[str, torch.Tensor]
+    evict: np.ndarray
+    evicted_rows: np.ndarray
+    miss_slots: np.ndarray
+    miss_ids: np.ndarray
+
+
 class SetAssociativeRowCache:
     """A DRAM cache of a :class:`RowFile`'s rows: ``ways``-way set-associative, LRU per set.
 
@@ -294,6 +308,12 @@ class SetAssociativeRowCache:
     def lookup_and_lock(self, ids: np.ndarray, requested: int | None = None) -> np.ndarray:
         """Slots of the distinct, ascending ``ids``, reading the misses; every slot is locked.
 
+        Two phases: under the cache's mutex the slots are chosen and locked (metadata only);
+        then, without it, the dirty victims are written back and the misses read into their
+        slots. Those slots are locked by this lookup and held by no other batch, so a
+        batch in flight may update its own (locked) rows meanwhile with :meth:`updating`.
+        Lookups must not run concurrently with each other.
+
         Args:
             ids: (U,) distinct int64 row ids in ascending order.
             requested: how many ids the batch had before de-duplication (for the counters).
@@ -302,9 +322,24 @@ class SetAssociativeRowCache:
             (U,) int64 slot of each id.
         """
         with self._mutex:
-            return self._lookup(ids, ids.size if requested is None else requested)
+            slots, fill = self._place(ids, ids.size if requested is None else requested)
+        if fill is not None:
+            self._fill(fill)
+        return slots
 
-    def _lookup(self, ids: np.ndarray, requested: int) -> np.ndarray:
+    @contextlib.contextmanager
+    def updating(self) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+        """Hold the cache to update locked rows: yields (weight, state) and a lookup cannot
+        move them (the overflow area grows by reallocation) meanwhile. Mark the rows with
+        :meth:`mark_dirty_locked` inside."""
+        with self._mutex:
+            yield self.weight, self.state
+
+    def mark_dirty_locked(self, slots: np.ndarray) -> None:
+        """:meth:`mark_dirty` inside :meth:`updating`."""
+        self.dirty[slots] = True
+
+    def _place(self, ids: np.ndarray, requested: int) -> tuple[np.ndarray, _Fill | None]:
         c = self.counters
         self._clock += 1
         c.calls += 1
@@ -312,7 +347,7 @@ class SetAssociativeRowCache:
         c.unique_ids += int(ids.size)
         slots = np.full(ids.size, -1, dtype=np.int64)
         if not ids.size:
-            return slots
+            return slots, None
         w = self.ways
         sets = ids % self.num_sets
         match = self.slot_row[: self.main_slots].reshape(self.num_sets, w)[sets] == ids[:, None]  # (U, W)
@@ -331,7 +366,7 @@ class SetAssociativeRowCache:
         miss = np.nonzero(~found)[0]  # ascending ids
         c.unique_misses += int(miss.size)
         if not miss.size:
-            return slots
+            return slots, None
         miss_sets = sets[miss]
         order = np.argsort(miss_sets, kind="stable")  # by set, ascending id within a set
         miss, miss_sets = miss[order], miss_sets[order]
@@ -347,8 +382,8 @@ class SetAssociativeRowCache:
         victims = touched_sets[of_set[placed]] * w + way_order[of_set[placed], rank[placed]]
 
         old = self.slot_row[victims]
-        evict = victims[(old >= 0) & self.dirty[victims]]
-        self._write_back(evict)
+        write_back = (old >= 0) & self.dirty[victims]
+        evict, evicted_rows = victims[write_back], old[write_back]
         self.slot_row[victims] = ids[miss[placed]]
         self.last_used[victims] = self._clock
         self.dirty[victims] = False
@@ -366,14 +401,26 @@ class SetAssociativeRowCache:
             self.locks[extra] = 1
             slots[conflicts] = extra
 
-        filled = slots[miss]
-        weight, states, from_disk = self.store.read(ids[miss])
-        index = torch.from_numpy(filled)
-        self.weight.index_copy_(0, index, torch.from_numpy(weight))
-        for k, tensor in self.state.items():
+        # The victims' old rows and the misses' new ones move in _fill, outside the mutex.
+        return slots, _Fill(self.weight, self.state, evict, evicted_rows, slots[miss], ids[miss])
+
+    def _fill(self, fill: _Fill) -> None:
+        """Write back the dirty victims' old rows, then read the misses into their slots."""
+        if fill.evict.size:
+            index = torch.from_numpy(fill.evict)
+            self.store.write(fill.evicted_rows, fill.weight.index_select(0, index).numpy(),
+                             {k: t.index_select(0, index).numpy()
+                              for k, t in fill.state.items()})
+        weight, states, from_disk = self.store.read(fill.miss_ids)
+        index = torch.from_numpy(fill.miss_slots)
+        fill.weight.index_copy_(0, index, torch.from_numpy(weight))
+        for k, tensor in fill.state.items():
             tensor.index_copy_(0, index, torch.from_numpy(states[k]))
-        c.bytes_read += from_disk * self.store.row_bytes
-        return slots
+        with self._mutex:
+            c = self.counters
+            c.rows_written_back += int(fill.evict.size)
+            c.bytes_written += int(fill.evict.size) * self.store.row_bytes
+            c.bytes_read += from_disk * self.store.row_bytes
 
     def _overflow_slots(self, n: int) -> np.ndarray:
         """``n`` free overflow slots, growing the area when it is short."""
