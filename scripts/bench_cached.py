@@ -1,8 +1,8 @@
 """Speed of cached tables against resident ones: load factor x id skew x prefetch, one run.
 
 The workload: a DLRM-like model whose embeddings are one big table (default 1M rows x dim
-64) looked up by ``--features`` features (one id each), 13 dense features, dense arch 128,64,
-dot interaction, over arch 128,1, batch 4096, exact row-wise Adagrad fused into backward and
+64) looked up by ``--features`` features (one id each), 13 dense features, dense arch 256,128,64,
+dot interaction, over arch 256,128,1, batch 4096, exact row-wise Adagrad fused into backward and
 Adagrad on the dense part. Each step is forward + BCE loss + backward (with the fused update)
 + dense step on batches made before timing, fresh ones every step. The table runs:
 
@@ -118,7 +118,7 @@ def _model(rows: int, features: int, backend: str, load_factor: float | None,
         [table], EmbeddingOptimizerConfig(lr=0.05), backend=backend, seed=0,
         cached_tables={"big": load_factor} if load_factor is not None else None,
         cache_dir=cache_dir)
-    return DLRM(ebc, DENSE, [128, DIM], [128, 1])
+    return DLRM(ebc, DENSE, [256, 128, DIM], [256, 128, 1])
 
 
 def _bag(model: DLRM) -> CachedEmbeddingBag | None:

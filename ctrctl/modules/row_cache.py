@@ -52,7 +52,9 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 #: Bytes of file pages touched after which the mappings drop their resident pages.
-_TRIM_BYTES = 256 << 20
+#: (The pages mapped never exceed the files' size: tables whose files are smaller never trim,
+#: and re-faulting every page after a trim costs ~2x the write-back time of a step.)
+_TRIM_BYTES = 512 << 20
 _PAGE = mmap.PAGESIZE
 #: Rows read or written per step, so that at most ~_TRIM_BYTES of file pages stay mapped.
 _CHUNK = 8192
@@ -131,6 +133,7 @@ class RowFile:
         }
         self.touched = np.zeros(self.rows, dtype=bool)  # written to the file at least once
         self.row_bytes = 4 * (self.dim + sum(math.prod(s) for s in self.state_shapes.values()))
+        self.file_bytes = self.rows * self.row_bytes
         self._since_trim = 0
 
     def _map(self, path: Path, shape: tuple[int, ...]) -> np.ndarray:
@@ -174,7 +177,8 @@ class RowFile:
         # Pages of a shared file mapping count in the process's RSS while mapped; drop them
         # now and then (the data stays in the page cache and on disk). Rows far apart touch
         # a page each, in every file.
-        self._since_trim += rows * _PAGE * len(self._maps)
+        self._since_trim = min(self._since_trim + rows * _PAGE * len(self._maps),
+                               self.file_bytes)
         if self._since_trim > _TRIM_BYTES:
             self.trim()
 
