@@ -24,8 +24,9 @@ Per exponent, every setting gets its own model, and all of them train on the sam
 in turns (``--steps`` steps each, ``--repeats`` turns), so load from other processes falls on
 all alike. A turn's figure is its median step; reported are the median over turns, the spread
 (min-max) and the ratio to ``resident`` taken within each turn. Beside them: forward and
-backward time per step, and for prefetch the lookup time on the worker thread and the time
-the training thread waited for it. ``cat /proc/loadavg`` is printed before and after.
+backward time per step, the training thread's CPU time per step (below the step time: it
+waited for a core, the GIL or the prefetch), and the lookup time per step (for prefetch: on
+the worker thread) and how long the training thread waited for prefetches. ``cat /proc/loadavg`` is printed before and after.
 
 Usage:
     python scripts/bench_cached.py [--quick] [--rows 1000000] [--batch 4096] [--features 4]
@@ -167,13 +168,13 @@ def _steps(setting: Setting, batches: list[Batch]) -> dict[str, float]:
     assert setting.optimizer is not None
     loss_fn = torch.nn.BCEWithLogitsLoss()
     before = bag.counters()[0] if bag is not None else {}
-    step_s, fwd_s, bwd_s, lookup_s, wait_s = [], [], [], [], []
+    step_s, fwd_s, bwd_s, cpu_s, lookup_s, wait_s = [], [], [], [], [], []
     if setting.prefetch:
         ebc.prefetch(batches[0][1])
     for i, (dense, kjt, labels) in enumerate(batches):
         looked = bag.lookup_seconds if bag is not None else 0.0
         waited = bag.prefetch_wait_seconds if bag is not None else 0.0
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         logits = model(dense, kjt)
         if setting.prefetch and i + 1 < len(batches):
             ebc.prefetch(batches[i + 1][1])  # batch i+1's rows come in during backward(i)
@@ -183,6 +184,7 @@ def _steps(setting: Setting, batches: list[Batch]) -> dict[str, float]:
         loss.backward()
         setting.optimizer.step()
         end = time.perf_counter()
+        cpu_s.append(time.thread_time() - cpu)
         step_s.append(end - start)
         fwd_s.append(mid - start)
         bwd_s.append(end - mid)
@@ -190,7 +192,7 @@ def _steps(setting: Setting, batches: list[Batch]) -> dict[str, float]:
             lookup_s.append(bag.lookup_seconds - looked)
             wait_s.append(bag.prefetch_wait_seconds - waited)
     out = {"step_s": statistics.median(step_s), "forward_s": statistics.median(fwd_s),
-           "backward_s": statistics.median(bwd_s)}
+           "backward_s": statistics.median(bwd_s), "cpu_s": statistics.median(cpu_s)}
     if bag is not None:
         after = bag.counters()[0]
         c = {k: after[k] - before.get(k, 0) for k in after}
@@ -213,6 +215,7 @@ def _summary(setting: Setting, resident: Setting, batch: int) -> dict[str, Any]:
         "vs_resident_max": max(ratios),
         "forward_ms": 1e3 * statistics.median(t["forward_s"] for t in turns),
         "backward_ms": 1e3 * statistics.median(t["backward_s"] for t in turns),
+        "thread_cpu_ms": 1e3 * statistics.median(t["cpu_s"] for t in turns),
     }
     if "unique_ids" in turns[0]:
         unique = sum(t["unique_ids"] for t in turns)
@@ -265,7 +268,7 @@ def run_exponent(args: argparse.Namespace, zipf: float, factors: list[float],
 
 def _print(rows: list[dict[str, Any]]) -> None:
     print(f"{'zipf':<5} {'setting':<26} {'samples/s (min..max)':<24} {'x resident (min..max)':<22}"
-          f" {'hit':>5} {'fwd ms':>7} {'bwd ms':>7} {'lookup':>7} {'wait':>6}")
+          f" {'hit':>5} {'fwd ms':>7} {'bwd ms':>7} {'cpu ms':>7} {'lookup':>7} {'wait':>6}")
     for r in rows:
         rate = (f"{r['samples_per_s']:8,.0f} ({r['samples_per_s_min']:,.0f}.."
                 f"{r['samples_per_s_max']:,.0f})")
@@ -275,7 +278,7 @@ def _print(rows: list[dict[str, Any]]) -> None:
             extra = f"{r['hit_rate']:5.3f} "
         else:
             extra = f"{'-':>5} "
-        extra += f"{r['forward_ms']:7.1f} {r['backward_ms']:7.1f}"
+        extra += f"{r['forward_ms']:7.1f} {r['backward_ms']:7.1f} {r['thread_cpu_ms']:7.1f}"
         if "lookup_ms" in r:
             extra += f" {r['lookup_ms']:7.1f} {r['wait_ms']:6.1f}"
         print(f"{r['zipf']:<5} {r['setting']:<26} {rate:<24} {ratio:<22} {extra}")
