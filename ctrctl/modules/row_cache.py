@@ -357,11 +357,11 @@ class SetAssociativeRowCache:
         match = self.slot_row[: self.main_slots].reshape(self.num_sets, w)[sets] == ids[:, None]  # (U, W)
         hit = match.any(axis=1)
         slots[hit] = sets[hit] * w + match[hit].argmax(axis=1)
-        if self.overflow:
-            for i in np.nonzero(~hit)[0]:
-                slot = self.overflow.get(int(ids[i]))
-                if slot is not None:
-                    slots[i] = slot
+        if self.overflow:  # few rows: find which misses are there before asking the dict
+            candidates = np.nonzero(~hit)[0]
+            held = np.fromiter(self.overflow, dtype=np.int64, count=len(self.overflow))
+            for i in candidates[np.isin(ids[candidates], held)].tolist():
+                slots[i] = self.overflow[int(ids[i])]
         found = slots >= 0
         self.locks[slots[found]] += 1
         main_hits = slots[hit]
@@ -374,7 +374,9 @@ class SetAssociativeRowCache:
         miss_sets = sets[miss]
         order = np.argsort(miss_sets, kind="stable")  # by set, ascending id within a set
         miss, miss_sets = miss[order], miss_sets[order]
-        touched_sets, first, counts = np.unique(miss_sets, return_index=True, return_counts=True)
+        first = np.flatnonzero(np.diff(miss_sets, prepend=-1))  # miss_sets is sorted
+        touched_sets = miss_sets[first]
+        counts = np.diff(first, append=miss_sets.size)
         rank = np.arange(miss.size) - np.repeat(first, counts)
         locks = self.locks[: self.main_slots].reshape(self.num_sets, w)[touched_sets]
         used = self.last_used.reshape(self.num_sets, w)[touched_sets]
