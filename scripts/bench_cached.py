@@ -13,7 +13,7 @@ Adagrad on the dense part. Each step is forward + BCE loss + backward (with the 
 * ``cached``: the ``fused_cached`` kernel (file on disk, DRAM row cache) at load factors
   ``--load-factors`` (0.05, 0.2, 0.5), with prefetch off (the forward looks up inline) and on
   (``prefetch`` of batch i+1 issued between forward(i) and backward(i), as the prefetch
-  train pipeline does; the embedding backward waits for it).
+  train pipeline does; it runs through backward(i), and forward(i+1) waits for it).
 
 Ids are uniform (exponent 0) or Zipf(``a``) for each of ``--zipf`` (rank r drawn with
 probability ~ r^-a, ranks scattered over the rows). Before timing each cached model's cache
