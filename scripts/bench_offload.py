@@ -14,8 +14,8 @@ Two parts, in one run:
   run, hit rate, and the lookup (prefetch) time per step against forward and backward.
 
 With prefetch, batch i+1's rows are fetched on the worker thread between forward(i) and
-backward(i), overlapping the dense part's forward and backward; the embedding backward waits
-for it. Without, the forward looks up inline.
+backward(i), overlapping backward(i) (the embedding backward does not wait for it; the
+forward of batch i+1 does). Without, the forward looks up inline.
 
 Usage:
     python scripts/bench_offload.py [--quick] [--large-rows 120000000] [--sweep-rows 2000000]

@@ -94,6 +94,11 @@ def train_command(
         for key, value in sorted(result.metrics.items()):
             table.add_row(key, f"{value:.5f}" if isinstance(value, float) else str(value))
         console.print(table)
+        if result.cache:
+            from ctrctl.training.cache_report import format_cache_report
+
+            console.print("cached tables:")
+            console.print(format_cache_report(result.cache), markup=False, highlight=False)
         console.print(f"checkpoint: {result.checkpoint}")
 
 

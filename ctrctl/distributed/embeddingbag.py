@@ -224,6 +224,14 @@ class ShardedEmbeddingBagCollection(nn.Module):
         for kernel in self.cached_kernels():
             kernel.flush()
 
+    def cache_stats(self) -> dict[str, dict[str, float]]:
+        """Per cached shard held here (``table.r<row>.c<col>``), its counters, DRAM bytes
+        and lookup seconds (see :meth:`CachedEmbeddingBag.stats`)."""
+        out = {}
+        for kernel in self.cached_kernels():
+            out.update(dict(zip(kernel.names, kernel.stats(), strict=True)))
+        return out
+
     def cache_counters(self) -> dict[str, dict[str, int]]:
         """Per cached shard held here (``table.r<row>.c<col>``), its cache counters."""
         out = {}

@@ -12,8 +12,10 @@ The lookup pools over cache slots instead of row ids::
 
 ``prefetch(indices, offsets)`` queues batch i+1's lookup on a worker thread while batch i
 computes; its forward then takes the slots ready-made (no misses in the forward). A forward
-without a queued prefetch does the lookup inline (slower, same result). Backward waits for a
-prefetch in flight before it updates rows, so the two never touch the cache at once.
+without a queued prefetch does the lookup inline (slower, same result). Backward does not
+wait for a prefetch in flight: the prefetch only evicts and fills slots no batch holds, and
+the update of this batch's (locked) slots takes the cache's mutex only against the short
+phase of a lookup that picks slots (and may reallocate the overflow area).
 
 The numerics are the plain-torch kernel's (:mod:`ctrctl.modules.torch_embedding`): the same
 pooling, the same summation of repeated ids in the same order and
@@ -70,6 +72,9 @@ from ctrctl.modules.row_cache import WAYS, RowFile, SetAssociativeRowCache, hash
 from ctrctl.modules.torch_embedding import pool_bags, row_gradients
 from ctrctl.sparse.ops import complete_cumsum, segment_ranges
 
+#: Prefetched batches kept queued for a forward at most (the oldest unused ones go first).
+MAX_QUEUED = 4
+
 __all__ = ["CachedEmbeddingBag", "CachedTableSpec", "hashed_init_weight", "table_seed"]
 
 
@@ -121,10 +126,14 @@ class _Batch:
     offsets: torch.Tensor
     lookups: Future[list[_TableLookup]] | list[_TableLookup]
 
-    def result(self) -> list[_TableLookup]:
+    def result(self) -> tuple[list[_TableLookup], float]:
+        """The lookups, and the seconds spent waiting for them."""
+        waited = 0.0
         if isinstance(self.lookups, Future):
+            start = time.perf_counter()
             self.lookups = self.lookups.result()
-        return self.lookups
+            waited = time.perf_counter() - start
+        return self.lookups, waited
 
 
 class _CachedLookup(torch.autograd.Function):
@@ -152,17 +161,19 @@ class _CachedLookup(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # (bags, D)
         slots, lengths, per_sample_weights = ctx.saved_tensors
         kernel: CachedEmbeddingBag = ctx.kernel
-        kernel.wait_prefetch()  # a prefetch in flight must not see rows change under it
         cache = kernel.caches[ctx.table]
-        weight = cache.weight
-        # Slots are distinct per row id, so summing per slot sums repeated ids, in id order.
+        # A prefetch in flight may be filling other slots meanwhile: this batch's slots are
+        # locked, so it never touches them, and reading them from an older tensor (before
+        # the overflow area grew) gives the same values. Slots are distinct per row id, so
+        # summing per slot sums repeated ids, in id order.
         rows, summed, grad_weights = row_gradients(
-            grad_out, slots, lengths, weight, kernel.pooling,
+            grad_out, slots, lengths, cache.weight, kernel.pooling,
             per_sample_weights, ctx.needs_input_grad[5],
         )
-        apply_sparse_update(kernel.optimizer, kernel.learning_rate, weight, cache.state, rows,
-                            summed)
-        cache.mark_dirty(rows.numpy())
+        with cache.updating() as (weight, state):  # the current tensors, held in place
+            apply_sparse_update(kernel.optimizer, kernel.learning_rate, weight, state, rows,
+                                summed)
+            cache.mark_dirty_locked(rows.numpy())
         kernel._release(ctx.table, ctx.lookup)
         return None, None, None, None, None, grad_weights
 
@@ -257,6 +268,11 @@ class CachedEmbeddingBag(nn.Module):
         self.forward_misses = [0] * n
         #: Seconds spent in cache lookups (prefetches on the worker and inline ones).
         self.lookup_seconds = 0.0
+        #: Per table, seconds of its lookups on the worker (prefetches) and inline (forwards).
+        self.prefetch_lookup_seconds = [0.0] * n
+        self.inline_lookup_seconds = [0.0] * n
+        #: Seconds the caller's thread waited for prefetches (in forward, backward, flush).
+        self.prefetch_wait_seconds = 0.0
         self._trigger = torch.zeros(0, requires_grad=True)
 
     # ---- batches ------------------------------------------------------------------------
@@ -272,21 +288,24 @@ class CachedEmbeddingBag(nn.Module):
         feature_offsets = offsets[::batch]
         return segment_ranges(feature_offsets, chosen, chosen + 1)
 
-    def _lookup_all(self, indices: torch.Tensor, offsets: torch.Tensor) -> list[_TableLookup]:
+    def _lookup_all(self, indices: torch.Tensor, offsets: torch.Tensor, prefetched: bool
+                    ) -> list[_TableLookup]:
         start = time.perf_counter()
         try:
-            return self._lookup_tables(indices, offsets)
+            seconds = self.prefetch_lookup_seconds if prefetched else self.inline_lookup_seconds
+            return self._lookup_tables(indices, offsets, seconds)
         finally:
             self.lookup_seconds += time.perf_counter() - start
 
-    def _lookup_tables(self, indices: torch.Tensor, offsets: torch.Tensor
-                       ) -> list[_TableLookup]:
+    def _lookup_tables(self, indices: torch.Tensor, offsets: torch.Tensor,
+                       seconds: list[float]) -> list[_TableLookup]:
         batch = self._check(indices, offsets)
         out = []
         for t, (rows, _) in enumerate(self.tables):
             if batch == 0 or not self._table_features[t]:
                 out.append(_TableLookup(torch.zeros(0, dtype=torch.long), np.zeros(0, np.int64)))
                 continue
+            start = time.perf_counter()
             ids = indices[self._positions(offsets, batch, t)]
             if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
                 raise SparseInputError(
@@ -300,6 +319,7 @@ class CachedEmbeddingBag(nn.Module):
             lookup = _TableLookup(torch.from_numpy(slots)[inverse], slots)
             lookup.forward_misses = self.caches[t].counters.unique_misses - before
             out.append(lookup)
+            seconds[t] += time.perf_counter() - start
         return out
 
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
@@ -310,26 +330,40 @@ class CachedEmbeddingBag(nn.Module):
         will get.
         """
         indices, offsets = indices.long(), offsets.long()
-        future = self._executor.submit(self._lookup_all, indices, offsets)
+        future = self._executor.submit(self._lookup_all, indices, offsets, True)
         self._queued.append(_Batch(indices, offsets, future))
 
     def wait_prefetch(self) -> None:
         """Wait for every queued prefetch to finish."""
         for batch in self._queued:
-            batch.result()
+            self._result(batch)
+
+    def _result(self, batch: _Batch) -> list[_TableLookup]:
+        lookups, waited = batch.result()
+        self.prefetch_wait_seconds += waited
+        return lookups
 
     def _take(self, indices: torch.Tensor, offsets: torch.Tensor) -> list[_TableLookup]:
-        while self._queued:
-            batch = self._queued.popleft()
-            lookups = batch.result()
+        # The prefetch for this batch, if queued. Others stay queued: a batch that is not
+        # the next to train (validation between two training steps) leaves the next
+        # training batch's prefetch in place. The oldest beyond MAX_QUEUED are dropped.
+        for k, batch in enumerate(self._queued):
             if torch.equal(batch.indices, indices) and torch.equal(batch.offsets, offsets):
-                return lookups
-            for t, lookup in enumerate(lookups):  # prefetched for another batch: drop it
-                self._release(t, lookup)
-        lookups = self._lookup_all(indices, offsets)
+                del self._queued[k]
+                return self._result(batch)
+        while len(self._queued) >= MAX_QUEUED:
+            self.drop_prefetch(1)
+        lookups = self._lookup_all(indices, offsets, False)
         for t, lookup in enumerate(lookups):
             self.forward_misses[t] += lookup.forward_misses
         return lookups
+
+    def drop_prefetch(self, count: int | None = None) -> None:
+        """Release the oldest ``count`` queued prefetches (all: None), unused."""
+        n = len(self._queued) if count is None else min(count, len(self._queued))
+        for _ in range(n):
+            for t, lookup in enumerate(self._result(self._queued.popleft())):
+                self._release(t, lookup)
 
     def _release(self, table: int, lookup: _TableLookup) -> None:
         if not lookup.released:
@@ -384,6 +418,21 @@ class CachedEmbeddingBag(nn.Module):
             for t, cache in enumerate(self.caches)
         ]
 
+    def stats(self) -> list[dict[str, float]]:
+        """Per table, :meth:`counters` plus ``dram_bytes`` and its lookup seconds.
+
+        ``prefetch_seconds``: its lookups on the worker thread; ``inline_lookup_seconds``:
+        those a forward did itself. The thread's waits for prefetches are per kernel
+        (:attr:`prefetch_wait_seconds`), not per table.
+        """
+        return [
+            {**{k: float(v) for k, v in counters.items()},
+             "dram_bytes": float(self.caches[t].dram_bytes()),
+             "prefetch_seconds": self.prefetch_lookup_seconds[t],
+             "inline_lookup_seconds": self.inline_lookup_seconds[t]}
+            for t, counters in enumerate(self.counters())
+        ]
+
     def dram_bytes(self) -> int:
         """Memory the caches hold (slots, metadata and touched maps)."""
         return sum(cache.dram_bytes() for cache in self.caches)
@@ -402,7 +451,7 @@ class CachedEmbeddingBag(nn.Module):
         """No batch in flight, the caches empty, the files complete: ready to be read."""
         self.wait_prefetch()
         while self._queued:
-            for t, lookup in enumerate(self._queued.popleft().result()):
+            for t, lookup in enumerate(self._result(self._queued.popleft())):
                 self._release(t, lookup)
         for t, lookup in self._in_flight:
             self._release(t, lookup)

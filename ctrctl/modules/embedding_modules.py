@@ -237,6 +237,17 @@ class EmbeddingBagCollection(nn.Module):
                     out[cfg.name] = bag.counters()[self._table_slot[cfg.name][1]]
         return out
 
+    def cache_stats(self) -> dict[str, dict[str, float]]:
+        """Per cached table name, its counters, DRAM bytes and lookup seconds
+        (see :meth:`CachedEmbeddingBag.stats`)."""
+        out = {}
+        for g, bag in self._cached_bags():
+            stats = bag.stats()
+            for cfg in self._configs:
+                if self._table_slot[cfg.name][0] == g:
+                    out[cfg.name] = stats[self._table_slot[cfg.name][1]]
+        return out
+
     # ---- configuration and state --------------------------------------------------------
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:

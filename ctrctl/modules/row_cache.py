@@ -32,11 +32,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import mmap
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,9 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 #: Bytes of file pages touched after which the mappings drop their resident pages.
-_TRIM_BYTES = 256 << 20
+#: (The pages mapped never exceed the files' size: tables whose files are smaller never trim,
+#: and re-faulting every page after a trim costs ~2x the write-back time of a step.)
+_TRIM_BYTES = 512 << 20
 _PAGE = mmap.PAGESIZE
 #: Rows read or written per step, so that at most ~_TRIM_BYTES of file pages stay mapped.
 _CHUNK = 8192
@@ -137,6 +140,7 @@ class RowFile:
         }
         self.touched = np.zeros(self.rows, dtype=bool)  # written to the file at least once
         self.row_bytes = 4 * (self.dim + sum(math.prod(s) for s in self.state_shapes.values()))
+        self.file_bytes = self.rows * self.row_bytes
         self._since_trim = 0
 
     def _map(self, path: Path, shape: tuple[int, ...]) -> np.ndarray:
@@ -182,7 +186,8 @@ class RowFile:
         # Pages of a shared file mapping count in the process's RSS while mapped; drop them
         # now and then (the data stays in the page cache and on disk). Rows far apart touch
         # a page each, in every file.
-        self._since_trim += rows * _PAGE * len(self._maps)
+        self._since_trim = min(self._since_trim + rows * _PAGE * len(self._maps),
+                               self.file_bytes)
         if self._since_trim > _TRIM_BYTES:
             self.trim()
 
@@ -245,6 +250,19 @@ class CacheCounters:
         return dataclasses.asdict(self)
 
 
+@dataclasses.dataclass
+class _Fill:
+    """The data movement a lookup leaves for after its mutex: the tensors it chose slots in,
+    the dirty victims (slots, the rows they held) and the misses (slots, rows)."""
+
+    weight: torch.Tensor
+    state: dict[str, torch.Tensor]
+    evict: np.ndarray
+    evicted_rows: np.ndarray
+    miss_slots: np.ndarray
+    miss_ids: np.ndarray
+
+
 class SetAssociativeRowCache:
     """A DRAM cache of a :class:`RowFile`'s rows: ``ways``-way set-associative, LRU per set.
 
@@ -304,6 +322,12 @@ class SetAssociativeRowCache:
     def lookup_and_lock(self, ids: np.ndarray, requested: int | None = None) -> np.ndarray:
         """Slots of the distinct, ascending ``ids``, reading the misses; every slot is locked.
 
+        Two phases: under the cache's mutex the slots are chosen and locked (metadata only);
+        then, without it, the dirty victims are written back and the misses read into their
+        slots. Those slots are locked by this lookup and held by no other batch, so a
+        batch in flight may update its own (locked) rows meanwhile with :meth:`updating`.
+        Lookups must not run concurrently with each other.
+
         Args:
             ids: (U,) distinct int64 row ids in ascending order.
             requested: how many ids the batch had before de-duplication (for the counters).
@@ -312,9 +336,24 @@ class SetAssociativeRowCache:
             (U,) int64 slot of each id.
         """
         with self._mutex:
-            return self._lookup(ids, ids.size if requested is None else requested)
+            slots, fill = self._place(ids, ids.size if requested is None else requested)
+        if fill is not None:
+            self._fill(fill)
+        return slots
 
-    def _lookup(self, ids: np.ndarray, requested: int) -> np.ndarray:
+    @contextlib.contextmanager
+    def updating(self) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+        """Hold the cache to update locked rows: yields (weight, state) and a lookup cannot
+        move them (the overflow area grows by reallocation) meanwhile. Mark the rows with
+        :meth:`mark_dirty_locked` inside."""
+        with self._mutex:
+            yield self.weight, self.state
+
+    def mark_dirty_locked(self, slots: np.ndarray) -> None:
+        """:meth:`mark_dirty` inside :meth:`updating`."""
+        self.dirty[slots] = True
+
+    def _place(self, ids: np.ndarray, requested: int) -> tuple[np.ndarray, _Fill | None]:
         c = self.counters
         self._clock += 1
         c.calls += 1
@@ -322,17 +361,17 @@ class SetAssociativeRowCache:
         c.unique_ids += int(ids.size)
         slots = np.full(ids.size, -1, dtype=np.int64)
         if not ids.size:
-            return slots
+            return slots, None
         w = self.ways
         sets = ids % self.num_sets
         match = self.slot_row[: self.main_slots].reshape(self.num_sets, w)[sets] == ids[:, None]  # (U, W)
         hit = match.any(axis=1)
         slots[hit] = sets[hit] * w + match[hit].argmax(axis=1)
-        if self.overflow:
-            for i in np.nonzero(~hit)[0]:
-                slot = self.overflow.get(int(ids[i]))
-                if slot is not None:
-                    slots[i] = slot
+        if self.overflow:  # few rows: find which misses are there before asking the dict
+            candidates = np.nonzero(~hit)[0]
+            held = np.fromiter(self.overflow, dtype=np.int64, count=len(self.overflow))
+            for i in candidates[np.isin(ids[candidates], held)].tolist():
+                slots[i] = self.overflow[int(ids[i])]
         found = slots >= 0
         self.locks[slots[found]] += 1
         main_hits = slots[hit]
@@ -341,11 +380,13 @@ class SetAssociativeRowCache:
         miss = np.nonzero(~found)[0]  # ascending ids
         c.unique_misses += int(miss.size)
         if not miss.size:
-            return slots
+            return slots, None
         miss_sets = sets[miss]
         order = np.argsort(miss_sets, kind="stable")  # by set, ascending id within a set
         miss, miss_sets = miss[order], miss_sets[order]
-        touched_sets, first, counts = np.unique(miss_sets, return_index=True, return_counts=True)
+        first = np.flatnonzero(np.diff(miss_sets, prepend=-1))  # miss_sets is sorted
+        touched_sets = miss_sets[first]
+        counts = np.diff(first, append=miss_sets.size)
         rank = np.arange(miss.size) - np.repeat(first, counts)
         locks = self.locks[: self.main_slots].reshape(self.num_sets, w)[touched_sets]
         used = self.last_used.reshape(self.num_sets, w)[touched_sets]
@@ -357,8 +398,8 @@ class SetAssociativeRowCache:
         victims = touched_sets[of_set[placed]] * w + way_order[of_set[placed], rank[placed]]
 
         old = self.slot_row[victims]
-        evict = victims[(old >= 0) & self.dirty[victims]]
-        self._write_back(evict)
+        write_back = (old >= 0) & self.dirty[victims]
+        evict, evicted_rows = victims[write_back], old[write_back]
         self.slot_row[victims] = ids[miss[placed]]
         self.last_used[victims] = self._clock
         self.dirty[victims] = False
@@ -376,14 +417,26 @@ class SetAssociativeRowCache:
             self.locks[extra] = 1
             slots[conflicts] = extra
 
-        filled = slots[miss]
-        weight, states, from_disk = self.store.read(ids[miss])
-        index = torch.from_numpy(filled)
-        self.weight.index_copy_(0, index, torch.from_numpy(weight))
-        for k, tensor in self.state.items():
+        # The victims' old rows and the misses' new ones move in _fill, outside the mutex.
+        return slots, _Fill(self.weight, self.state, evict, evicted_rows, slots[miss], ids[miss])
+
+    def _fill(self, fill: _Fill) -> None:
+        """Write back the dirty victims' old rows, then read the misses into their slots."""
+        if fill.evict.size:
+            index = torch.from_numpy(fill.evict)
+            self.store.write(fill.evicted_rows, fill.weight.index_select(0, index).numpy(),
+                             {k: t.index_select(0, index).numpy()
+                              for k, t in fill.state.items()})
+        weight, states, from_disk = self.store.read(fill.miss_ids)
+        index = torch.from_numpy(fill.miss_slots)
+        fill.weight.index_copy_(0, index, torch.from_numpy(weight))
+        for k, tensor in fill.state.items():
             tensor.index_copy_(0, index, torch.from_numpy(states[k]))
-        c.bytes_read += from_disk * self.store.row_bytes
-        return slots
+        with self._mutex:
+            c = self.counters
+            c.rows_written_back += int(fill.evict.size)
+            c.bytes_written += int(fill.evict.size) * self.store.row_bytes
+            c.bytes_read += from_disk * self.store.row_bytes
 
     def _overflow_slots(self, n: int) -> np.ndarray:
         """``n`` free overflow slots, growing the area when it is short."""

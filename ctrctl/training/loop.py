@@ -55,6 +55,7 @@ from ctrctl.io import write_json_atomic
 from ctrctl.progress import Progress
 from ctrctl.tracking import Run, Tracker
 from ctrctl.training import model as model_io
+from ctrctl.training.cache_report import WAIT_METRIC, cache_metrics, format_cache_report
 from ctrctl.training.early_stopping import EarlyStopping
 from ctrctl.training.optimizers import dense_optimizer
 
@@ -82,6 +83,8 @@ class TrainResult:
             ``stop_after``, not finished).
         best_step: the step of the best validation (its weights are the final model's when
             early stopping restores them), or None without early stopping.
+        cache: what cached tables' caches did, every rank's shards
+            (:func:`~ctrctl.training.cache_report.cache_metrics`; empty without them).
     """
 
     out: Path
@@ -92,6 +95,7 @@ class TrainResult:
     samples_per_s: float = 0.0
     stop_reason: str | None = None
     best_step: int | None = None
+    cache: dict[str, float] = field(default_factory=dict)
 
 
 def resolve_device(kind: str) -> torch.device:
@@ -557,6 +561,20 @@ class _Trainer:
         }
 
 
+def _cache_metrics(model: nn.Module, world_size: int) -> dict[str, float]:
+    """Every rank's cached tables (or shards) in one dict; the waits summed over ranks."""
+    mine = cache_metrics(model)
+    if world_size == 1:
+        return mine
+    every: list[Any] = [None] * world_size
+    dist.all_gather_object(every, mine)
+    merged: dict[str, float] = {}
+    for metrics in every:
+        for key, value in metrics.items():
+            merged[key] = merged.get(key, 0.0) + value if key == WAIT_METRIC else value
+    return merged
+
+
 def _global_sum(value: int, world_size: int) -> int:
     if world_size == 1:
         return value
@@ -649,16 +667,21 @@ def train(
         finished = trainer.stop_reason is not None
         path = trainer.finish() if finished else trainer.save()
         summary = trainer.summary()
+        # after the final checkpoint, so its flush's write-backs are counted
+        cache = _cache_metrics(trainer.model, world_size)
         result = TrainResult(out=out, step=trainer.step, checkpoint=path,
                              metrics=dict(trainer.metrics), history=list(trainer.history),
                              samples_per_s=rate, stop_reason=trainer.stop_reason,
-                             best_step=summary["best_step"])
+                             best_step=summary["best_step"], cache=cache)
         if rank == 0:
             write_json_atomic(out / "metrics.json", {
                 "step": trainer.step, "finished": finished, **summary,
                 "rows_trained": trainer.rows_trained * world_size,
                 "metrics": result.metrics, "samples_per_s": rate, "history": result.history,
-                "checkpoint": str(path)})
+                "checkpoint": str(path), **({"cache": cache} if cache else {})})
+            if cache:
+                run.log_metrics(cache, step=trainer.step)
+                logger.info("cached tables:\n%s", format_cache_report(cache))
             run.log_metrics({"train.samples_per_s_total": rate}, step=trainer.step)
             if summary["best_step"] is not None:
                 run.log_metrics({"early_stopping.best_step": float(summary["best_step"])},

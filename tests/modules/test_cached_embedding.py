@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -199,6 +201,48 @@ def test_a_prefetch_for_another_batch_is_dropped(tmp_path: Path) -> None:
     assert cached.locked_rows() == 0
     for got, want in zip(cached.split_weights(), ref.split_weights(), strict=True):
         assert torch.equal(got, want)
+    cached.close()
+
+
+@pytest.mark.parametrize("load_factor", [0.05, 0.2])
+def test_backward_updates_while_the_next_prefetch_fills_its_slots(
+    tmp_path: Path, load_factor: float
+) -> None:
+    """Each prefetch's reads are held until the batch before has started its update: the
+    backward must not wait for the prefetch (that would hang), and the bits still match."""
+    optimizer = EmbeddingOptimizerConfig(lr=0.3)
+    cached, ref = _cached(optimizer, load_factor, tmp_path), _resident(optimizer)
+    cache, main = cached.caches[0], threading.current_thread()
+    updating, read = cache.updating, cache.store.read
+    update_started = threading.Event()
+    overlapped = []
+
+    @contextlib.contextmanager
+    def signalling_updating():  # type: ignore[no-untyped-def]
+        update_started.set()
+        with updating() as held:
+            yield held
+
+    def held_read(ids: np.ndarray):  # type: ignore[no-untyped-def]
+        if threading.current_thread() is not main and cache.counters.calls > 1:
+            assert update_started.wait(20), "the backward waited for the prefetch"
+            update_started.clear()
+            overlapped.append(ids.size)
+        return read(ids)
+
+    cache.updating = signalling_updating  # type: ignore[method-assign]
+    cache.store.read = held_read  # type: ignore[method-assign]
+    _train(cached, ref, steps=20, prefetch=True)
+    assert len(overlapped) > 10  # most prefetches filled slots during a backward
+    if load_factor == 0.05:
+        assert cached.counters()[0]["conflict_misses"] > 0  # the overflow area grew too
+    assert sum(c["forward_misses"] for c in cached.counters()) == 0
+    for got, want in zip(cached.split_weights(), ref.split_weights(), strict=True):
+        assert torch.equal(got, want)
+    for got_state, want_state in zip(cached.optimizer_state(), ref.split_optimizer_states(),
+                                     strict=True):
+        for key in got_state:
+            assert torch.equal(got_state[key], want_state[key])
     cached.close()
 
 
@@ -413,3 +457,10 @@ def test_model_config_asks_for_cached_tables_and_checkpoints_see_whole_tables(
     with pytest.raises(Exception, match="unknown tables"):
         dlrm_from_manifest(manifest, 4, [4], [4, 1], cached_tables={"C9": 0.5})
     # sharded, a cached table keeps its shards cached: tests/distributed/pipeline/
+
+
+def test_a_lookup_of_no_ids_locks_nothing(tmp_path: Path) -> None:
+    store = RowFile(tmp_path, "t", 100, 4, {}, seed=0, init_range=(-0.1, 0.1))
+    cache = SetAssociativeRowCache(store, load_factor=0.5)
+    assert cache.lookup_and_lock(np.zeros(0, dtype=np.int64)).size == 0
+    assert cache.counters.calls == 1 and cache.locked_slots() == 0

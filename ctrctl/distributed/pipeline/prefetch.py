@@ -23,6 +23,7 @@ from torch import nn
 
 from ctrctl.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from ctrctl.distributed.pipeline.sparse_dist import InFlight, SparseDistPipeline
+from ctrctl.modules.cached_embedding import CachedEmbeddingBag
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
 
 __all__ = ["PrefetchPipeline", "cached_collections"]
@@ -66,3 +67,10 @@ class PrefetchPipeline(SparseDistPipeline):
 
     def after_score(self, upcoming: InFlight | None) -> None:
         self.prefetch(upcoming, self.step)
+
+    def close(self, wait: bool = True) -> None:
+        super().close(wait)
+        # the batch read ahead is not trained: its rows are not held any longer
+        for module in self.model.modules():
+            if isinstance(module, CachedEmbeddingBag):
+                module.drop_prefetch()
