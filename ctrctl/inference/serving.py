@@ -77,6 +77,8 @@ class ServingModel(nn.Module):
         self.over_arch: nn.Module = copy.deepcopy(dlrm.over_arch)
         self.compute_dtype = torch.bfloat16 if dense_dtype == "bf16" else torch.float32
         if dense_dtype == "bf16":
+            for shard in shards:  # pooled straight into bfloat16: no conversion pass
+                shard.set_output_dtype("bf16")
             for part in (self.dense_arch, self.interaction, self.over_arch):
                 if part is not None:
                     part.to(torch.bfloat16)
