@@ -113,3 +113,18 @@ def test_sharded_export_predicts_as_the_unsharded_quantized_model(trained: Train
     expected = one.model(*batch_inputs(batch, one.model.input_features))
     got = serving.score(*batch_inputs(batch, serving.contract["order"]))
     torch.testing.assert_close(got, expected)
+
+
+def test_measured_figures_price_the_serving_lookups() -> None:
+    from ctrctl.distributed.planner import Topology
+
+    measured = Topology.preset("cpu", 4, kernel_fwd_bw={"64": 1e9}, reserved_fraction=0.5)
+    serving = serving_topology(2, 3 * MIB, base=measured)
+    assert (serving.world_size, serving.ddr_available) == (2, 3 * MIB)
+    assert serving.kernel_fwd_bw == {"64": 1e9}
+    tables = [QuantTableSpec(f"t{i}", 10_000, 64, "int8") for i in range(3)]
+    slow = place_tables(tables, 2, 3 * MIB, topology=measured)
+    fast = place_tables(tables, 2, 3 * MIB)  # the cpu preset: 51 GiB/s
+    lookup = [max(r["fwd_compute"] for r in p.extra["placement"]["shards"])
+              for p in (slow, fast)]
+    assert lookup[0] > 20 * lookup[1]  # 1 GB/s measured against the preset's 51 GiB/s
