@@ -370,6 +370,10 @@ def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *
             metrics[f"bytes.{row['table']}"] = float(row["bytes"])
         for shard in quantized.plan.shards:
             metrics[f"shard.{shard['shard']}.bytes"] = float(shard["bytes"])
+        summary = quantized.plan.extra.get("placement", {}).get("summary", {})
+        if summary:  # the planner's estimate of the placement (inference cost mode)
+            metrics["placement.request_seconds"] = float(summary["estimated_step_seconds"])
+            metrics["placement.imbalance"] = float(summary["imbalance"])
         run.log_metrics(metrics)
         run.log_artifact(out / standalone.MANIFEST)
         run.log_artifact(out / PLAN_FILE)
