@@ -6,6 +6,8 @@ One DLRM (26 tables x 100,000 rows x dim 64, 13 dense, dense arch 512,256,64, ov
 * ``ctrctl fp32``: the trained model (FBGEMM's training TBE, forward only, no grad);
 * ``ctrctl int8`` / ``int4``: the serving model (FBGEMM's IntN TBE, rows aligned to 1);
 * ``ctrctl int8 exported``: the ``torch.export`` program of the INT8 serving model;
+* ``ctrctl int8 bf16-dense``: INT8 tables pooled into bfloat16, the interaction and MLPs in
+  bfloat16 (``--dense-dtype bf16``; on CPUs with AMX or AVX512-BF16 oneDNN's bf16 GEMMs);
 * ``torchrec fp32`` / ``int8`` / ``int4``: TorchRec's DLRM on the same tables, and
   ``torchrec.inference.modules.quantize_inference_model`` of it (``qint8`` / ``quint4x2``).
   TorchRec is a benchmark reference only (``make bench-setup`` installs it).
@@ -127,6 +129,9 @@ def runners(args: argparse.Namespace) -> dict[str, Callable[[dict[str, torch.Ten
             program = export_program(serving).module()
             out["ctrctl int8 exported"] = (
                 lambda m: lambda x: m(x["dense"], x["ids"], x["lengths"]))(program)
+            bf16, _, _ = quantize_dlrm(ours, QuantizeConfig(dtype=dtype, dense_dtype="bf16"))
+            out["ctrctl int8 bf16-dense"] = (
+                lambda m: lambda x: m(x["dense"], x["ids"], x["lengths"]))(bf16)
     if not args.no_torchrec:
         from torchrec.sparse.jagged_tensor import KeyedJaggedTensor as TrKJT
 
@@ -193,9 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     after = loadavg()
     print(f"\n{args.requests} requests of {args.candidates} candidates, batches of {BATCH}, "
           f"{args.threads} threads; loadavg before {before} / after {after}")
-    print(f"{'variant':22} {'p50 ms':>8} {'p99 ms':>8} {'samples/s':>11} {'min..max':>17}")
+    print(f"{'variant':24} {'p50 ms':>8} {'p99 ms':>8} {'samples/s':>11} {'min..max':>17}")
     for name, r in results.items():
-        print(f"{name:22} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['samples_per_s']:11,.0f} "
+        print(f"{name:24} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['samples_per_s']:11,.0f} "
               f"{r['samples_per_s_min']:8,.0f}..{r['samples_per_s_max']:,.0f}")
     ratios = {}
     for dtype in ("fp32", "int8", "int4"):

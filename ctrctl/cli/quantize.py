@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -18,6 +18,45 @@ from ctrctl.cli.common import (
     locked,
     tracker_from,
 )
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.1f}"
+
+
+def _render_placement(plan: Any) -> None:
+    """The planner's explanation of the serving placement, in ``ctrctl plan``'s style."""
+    placement = plan.extra.get("placement") or {}
+    summary = placement.get("summary", {})
+    limit = plan.device_memory_bytes
+    shards = Table(title=f"serving placement: {plan.num_shards} shard(s) (estimated us per "
+                         f"request of {plan.request_size} candidates, inference cost mode)")
+    for name in ("shard", "device", "memory", "lookup", "comms", "total", "tables"):
+        shards.add_column(name, justify="left" if name in ("device", "tables") else "right")
+    for s, row in zip(plan.shards, placement.get("shards", [{}] * plan.num_shards),
+                      strict=True):
+        used = float(s["bytes"])
+        memory = (f"{used / 2**20:,.2f}/{limit / 2**20:,.1f} MiB ({100 * used / limit:.0f}%)"
+                  if limit else f"{used / 2**20:,.2f} MiB")
+        shards.add_row(str(s["shard"]), s["device"], memory,
+                       _us(row.get("fwd_compute", 0.0)), _us(row.get("fwd_comms", 0.0)),
+                       _us(row.get("total", 0.0)), ", ".join(s["tables"]))
+    console.print(shards)
+    if not summary:
+        return
+    slow = ", ".join(f"{d['table']} ({_us(d['cost'])} us)"
+                     for d in summary["top_tables_slowest_rank"])
+    full = ", ".join(f"{d['table']} ({d['memory'] / 2**20:,.2f} MiB)"
+                     for d in summary["top_tables_fullest_rank"])
+    console.print(
+        f"{plan.num_shards} shard(s) ({summary['device']}): estimated "
+        f"{_us(summary['estimated_step_seconds'])} us per request (slowest shard "
+        f"{summary['slowest_rank']}, collectives' latency "
+        f"{_us(summary['collective_overhead_seconds'])} us), imbalance "
+        f"{summary['imbalance']:.3f}, planned in {summary['planning_seconds']:.2f} s")
+    console.print(f"slowest shard {summary['slowest_rank']}: {slow}")
+    share = (f" ({100 * summary['fullest_rank_fraction']:.0f}% of memory)" if limit else "")
+    console.print(f"fullest shard {summary['fullest_rank']}{share}: {full}")
 
 
 def quantize_command(
@@ -62,14 +101,7 @@ def quantize_command(
                       f"{r['fp32_bytes']:,}", f"{r['bytes']:,}",
                       f"{r['bytes'] / r['fp32_bytes']:.3f}", str(r["shard"]))
     console.print(table)
-    placement = Table(title=f"serving placement: {q.plan.num_shards} shard(s)")
-    for column in ("shard", "device", "tables", "bytes", "lookup bytes/request"):
-        placement.add_column(column, justify="left" if column in ("device", "tables")
-                             else "right")
-    for s in q.plan.shards:
-        placement.add_row(str(s["shard"]), s["device"], ", ".join(s["tables"]),
-                          f"{s['bytes']:,}", f"{s['cost_bytes_per_request']:,.0f}")
-    console.print(placement)
+    _render_placement(q.plan)
     console.print(f"artifact: {out}")
 
 

@@ -29,12 +29,22 @@ def dtype_accuracy(checkpoint: str | Path, dataset: str | Path,
                    batch_size: int = 4096) -> list[dict[str, Any]]:
     """AUC and logloss of the FP32 checkpoint and of each quantized type on ``splits``.
 
+    Args:
+        checkpoint: the trained FP32 checkpoint.
+        dataset: the dataset folder it was trained on.
+        splits: the splits to score (their rows together).
+        dtypes: table types; ``TYPE:DENSE`` (e.g. ``int8:bf16``) also sets the dense part's
+            type (``--dense-dtype``), FP32 otherwise.
+        batch_size: rows per scored batch.
+
     Returns:
         One row per model (``fp32`` first): dtype, rows, auc, logloss, auc_loss and
         logloss_gain (against FP32), bytes_ratio (quantized table bytes over FP32).
     """
     fp32, _, _ = load_model(checkpoint)
-    models = {d: quantize_checkpoint(checkpoint, QuantizeConfig(dtype=d)) for d in dtypes}
+    models = {d: quantize_checkpoint(checkpoint, QuantizeConfig(
+                  dtype=d.partition(":")[0], dense_dtype=d.partition(":")[2] or "fp32"))
+              for d in dtypes}
     labels: list[np.ndarray] = []
     scores: dict[str, list[np.ndarray]] = {"fp32": [], **{d: [] for d in dtypes}}
     with torch.no_grad():

@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ctrctl.data.manifest import DatasetManifest
+from ctrctl.data.transforms import STRING_HASH_SEED
 from ctrctl.errors import ConfigError, OutputExistsError
 from ctrctl.inference import standalone
 from ctrctl.inference.quantize import QuantizedModel
@@ -133,10 +134,46 @@ def input_contract(manifest: DatasetManifest, order: list[str],
                                  "separator": column.get("multi_hot_separator")}
         if mode == "vocab":
             entry["vocabulary"] = (vocabularies or {}).get(name)
+        if mode == "hash" and entry["type"] == "string":
+            entry["probes"] = _string_probes(name, f.num_embeddings, manifest)
         sparse.append(entry)
-    return {"dense": dense, "sparse": sparse, "order": list(order), "label": manifest.label,
-            "layout": "dense (B, F_dense) float32; ids (N,) int64 feature after feature in "
-                      "`order`; lengths (F * B,) int64 key-major; output (B,) probability"}
+    contract: dict[str, Any] = {
+        "dense": dense, "sparse": sparse, "order": list(order), "label": manifest.label,
+        "layout": "dense (B, F_dense) float32; ids (N,) int64 feature after feature in "
+                  "`order`; lengths (F * B,) int64 key-major; output (B,) probability"}
+    if any("probes" in e for e in sparse):
+        contract["string_hash"] = {
+            "library": "polars", "function": "Series.hash(seed) % hash_size",
+            "version": manifest.transforms.get("polars_version"),
+            "seed": int(manifest.transforms.get("string_hash_seed", STRING_HASH_SEED))}
+    return contract
+
+
+#: Strings whose ids the artifact records for each string-hashed feature, so the standalone
+#: loader can prove that its hash is the preprocess step's before it scores a raw row:
+#: every length class of the hash (0, 1-3, 4-8, 9-16, 17-128, 129-240, longer), non-ASCII.
+STRING_PROBES: tuple[str, ...] = (
+    "", "a", "ab", "abc", "abcd", "abcdefgh", "0123456789", "0123456789abcdef",
+    "the quick brown fox", "é漢字🙂", "x" * 100, "y" * 200, "z" * 300, "1e3", " a ")
+
+
+def _string_probes(name: str, size: int, manifest: DatasetManifest) -> list[list[Any]] | None:
+    """``[[probe, id], ...]``: the ids the preprocess step's own expression gives the probe
+    strings, or None when this polars is not the one that hashed the training data (its
+    hash may differ, so no probe would be trustworthy)."""
+    import polars as pl
+
+    from ctrctl.data.transforms import encode_hash
+
+    trained_with = manifest.transforms.get("polars_version")
+    if trained_with != pl.__version__:
+        logger.warning("feature %r was hashed with polars %s, this is polars %s: the "
+                       "artifact cannot hash raw strings for it", name, trained_with,
+                       pl.__version__)
+        return None
+    frame = pl.DataFrame({name: list(STRING_PROBES)}, schema={name: pl.String})
+    ids = frame.select(encode_hash(name, "string", size, False))[name].to_list()
+    return [[probe, int(i)] for probe, i in zip(STRING_PROBES, ids, strict=True)]
 
 
 def _vocabulary_files(manifest: DatasetManifest, dataset: Path | None, stage: Path
@@ -333,6 +370,10 @@ def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *
             metrics[f"bytes.{row['table']}"] = float(row["bytes"])
         for shard in quantized.plan.shards:
             metrics[f"shard.{shard['shard']}.bytes"] = float(shard["bytes"])
+        summary = quantized.plan.extra.get("placement", {}).get("summary", {})
+        if summary:  # the planner's estimate of the placement (inference cost mode)
+            metrics["placement.request_seconds"] = float(summary["estimated_step_seconds"])
+            metrics["placement.imbalance"] = float(summary["imbalance"])
         run.log_metrics(metrics)
         run.log_artifact(out / standalone.MANIFEST)
         run.log_artifact(out / PLAN_FILE)

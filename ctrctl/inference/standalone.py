@@ -2,7 +2,11 @@
 
 This file is copied into every artifact as ``serving.py`` and must not import ctrctl: it
 imports only torch, safetensors, json and hashlib (and fbgemm_gpu, which registers the
-embedding kernel's op, when the program uses it). Loading checks the manifest and the
+embedding kernel's op, when the program uses it). Raw rows of string features in hash mode
+need the preprocess step's string hash, which is polars' ``hash(seed)``: for them (and only
+them) polars is imported, and before its first use it must give the ids the artifact
+recorded for a set of probe strings (the ids the training data's polars gave), so a polars
+whose hash differs is a clear error rather than wrong scores. Loading checks the manifest and the
 sha256 and size of every file before anything is read, so a tampered, truncated or swapped
 file is an :class:`ArtifactError` naming it; tensors come from safetensors and the program
 from ``torch.export`` with no weights and no example inputs in it, so nothing is unpickled.
@@ -101,6 +105,7 @@ class ServingModel:
         self.contract = manifest["input"]
         self.module = module
         self._vocab = vocabularies
+        self._hashers = {}
         self._sizes = torch.tensor([f["num_embeddings"] for f in self.contract["sparse"]],
                                    dtype=torch.int64)
 
@@ -156,13 +161,59 @@ class ServingModel:
             dense = torch.zeros(len(rows), 0)
         ids, lengths = [], []
         for feature in self.contract["sparse"]:
-            for row in rows:
-                keys = _sparse_ids(feature, row.get(feature["name"]),
-                                   self._vocab.get(feature["name"]))
+            name = feature["name"]
+            if feature["mode"] == "hash" and feature.get("type") == "string":
+                per_row = self._string_ids(feature, [_raw_keys(feature, row.get(name))
+                                                     for row in rows])
+            else:
+                per_row = [_sparse_ids(feature, _raw_keys(feature, row.get(name)),
+                                       self._vocab.get(name)) for row in rows]
+            for keys in per_row:
                 ids.extend(keys)
                 lengths.append(len(keys))
         return dense, torch.tensor(ids, dtype=torch.int64), torch.tensor(lengths,
                                                                           dtype=torch.int64)
+
+    def _string_ids(self, feature, keys_per_row):
+        """Ids of a string-hashed feature: the preprocess step's hash (polars' ``hash`` with
+        the recorded seed, modulo the hash size; missing -> 0), all rows in one call."""
+        hash_ids = self._string_hasher(feature)
+        flat = [k for keys in keys_per_row for k in keys if k is not None]
+        hashed = iter(hash_ids([str(k) for k in flat]) if flat else [])
+        return [[0 if k is None else next(hashed) for k in keys] for keys in keys_per_row]
+
+    def _string_hasher(self, feature):
+        """The function strings -> ids of ``feature``, proven on the artifact's probes."""
+        name = feature["name"]
+        if name in self._hashers:
+            return self._hashers[name]
+        spec = self.contract.get("string_hash") or {}
+        version = spec.get("version")
+        if not feature.get("probes"):
+            raise ArtifactError(f"feature {name!r} hashes strings, and the artifact was "
+                                f"exported with another polars than the one that hashed the "
+                                f"training data ({version}): re-export with polars "
+                                f"{version}, or send ids (score) for it")
+        try:
+            import polars
+        except ImportError:
+            raise ArtifactError(f"feature {name!r} hashes strings with polars' hash, as the "
+                                f"preprocess step did: install polars=={version} to score "
+                                "raw rows, or send ids (score)") from None
+        seed, size = int(spec.get("seed", 0)), int(feature["num_embeddings"])
+
+        def hash_ids(values):
+            series = polars.Series(values, dtype=polars.String)
+            return ((series.hash(seed=seed) % size).cast(polars.Int64)).to_list()
+
+        probes = [p for p, _ in feature["probes"]]
+        if hash_ids(probes) != [int(i) for _, i in feature["probes"]]:
+            raise ArtifactError(f"feature {name!r}: polars {polars.__version__} hashes "
+                                f"strings differently from polars {version}, which hashed "
+                                f"the training data: install polars=={version} to score "
+                                "raw rows, or send ids (score)")
+        self._hashers[name] = hash_ids
+        return hash_ids
 
     def predict_records(self, records):
         """Click probabilities (a list of floats) for raw rows."""
@@ -211,15 +262,19 @@ def _key(feature, text):
     return str(text)
 
 
-def _sparse_ids(feature, value, vocabulary):
+def _raw_keys(feature, value):
+    """A raw field -> its keys: ``[None]`` when missing (a list feature: ``[]``), the parts
+    of a list feature split on its separator (empty parts dropped), else ``[value]``."""
     separator = feature.get("separator")
-    keys: list = []
     if _missing(value):
-        keys = [] if separator else [None]
-    elif separator:
-        keys = [part for part in str(value).split(separator) if part != ""]
-    else:
-        keys = [value]
+        return [] if separator else [None]
+    if separator:
+        return [part for part in str(value).split(separator) if part != ""]
+    return [value]
+
+
+def _sparse_ids(feature, keys, vocabulary):
+    """Ids of one row's keys of an id, hash (hex or int) or vocabulary feature."""
     mode, size = feature["mode"], feature["num_embeddings"]
     out = []
     for raw in keys:
@@ -230,10 +285,6 @@ def _sparse_ids(feature, value, vocabulary):
                                     f"[0, {size})")
             out.append(key)
         elif mode == "hash":
-            if feature.get("type") == "string":
-                raise ArtifactError(f"feature {feature['name']!r} hashes strings with "
-                                    "polars' hash, which this loader does not reproduce: "
-                                    "send ids (score) for it")
             out.append(0 if raw is None else _key(feature, raw) % size)  # floor modulo
         else:
             name = "null" if raw is None else str(_key(feature, raw))

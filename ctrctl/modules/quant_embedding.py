@@ -51,7 +51,9 @@ QUANT_DTYPES: tuple[str, ...] = ("int8", "int4", "int2", "fp16", "fp8")
 INT_BITS: dict[str, int] = {"int8": 8, "int4": 4, "int2": 2}
 #: FBGEMM's ``SparseType.as_int()`` of each type (what the kernel's ``weights_tys`` holds).
 SPARSE_TYPE_INT: dict[str, int] = {"fp32": 0, "fp16": 1, "int8": 2, "int4": 3, "int2": 4,
-                                   "fp8": 6}
+                                   "bf16": 5, "fp8": 6}
+#: Types the lookup can pool into.
+OUTPUT_DTYPES: tuple[str, ...] = ("fp32", "bf16")
 #: fp16 scale + fp16 bias at the start of an integer row.
 SCALE_BIAS_BYTES = 4
 #: FBGEMM's default FP8 (e4m3): exponent bits, exponent bias, largest value written.
@@ -275,6 +277,9 @@ class QuantEmbeddingBagCollection(nn.Module):
         self.tables = list(tables)
         self.device = torch.device(device)
         self.backend = "fbgemm" if _use_fbgemm(backend) else "torch"
+        #: The pooled vectors' type: ``fp32``, or ``bf16`` for a bfloat16 dense part (the
+        #: kernel then writes half the bytes and nothing converts them afterwards).
+        self.output_dtype = "fp32"
         self._block_offsets, size = table_block_offsets(self.tables)
         self.feature_table_map = [t for t, spec in enumerate(self.tables)
                                   for _ in spec.feature_names]
@@ -392,12 +397,22 @@ class QuantEmbeddingBagCollection(nn.Module):
         return {t.name: t.nbytes for t in self.tables}
 
     # ---- lookups -------------------------------------------------------------------------------
+    def set_output_dtype(self, dtype: str) -> None:
+        """Pool into ``fp32`` (default) or ``bf16`` (summed in fp32, rounded once)."""
+        if dtype not in OUTPUT_DTYPES:
+            raise ConfigError(f"unknown pooled output type {dtype!r}",
+                              where="QuantEmbeddingBagCollection",
+                              hint=f"use one of {', '.join(OUTPUT_DTYPES)}")
+        self.output_dtype = dtype
+
     def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        """(F * B + 1) offsets into ``indices`` -> pooled (B, total_D) float32."""
+        """(F * B + 1) offsets into ``indices`` -> pooled (B, total_D), float32 (or bfloat16
+        after ``set_output_dtype("bf16")``)."""
         if self.backend == "fbgemm":
             return self._fbgemm_lookup(indices, offsets)
-        return reference_lookup(self.table_rows(), self.tables, self.feature_table_map,
-                                indices, offsets)
+        pooled = reference_lookup(self.table_rows(), self.tables, self.feature_table_map,
+                                  indices, offsets)
+        return pooled if self.output_dtype == "fp32" else pooled.to(torch.bfloat16)
 
     def _fbgemm_lookup(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         # The lookup op itself rather than the TBE module: the module's forward runs a bounds
@@ -421,7 +436,7 @@ class QuantEmbeddingBagCollection(nn.Module):
             offsets=offsets,
             pooling_mode=0,  # sum
             indice_weights=None,
-            output_dtype=SPARSE_TYPE_INT["fp32"],
+            output_dtype=SPARSE_TYPE_INT[self.output_dtype],
             lxu_cache_weights=self.weights.new_empty((0, 0)),
             lxu_cache_locations=torch.empty(0, dtype=torch.int32, device=self.weights.device),
             row_alignment=1,

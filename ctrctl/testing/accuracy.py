@@ -21,8 +21,9 @@ from ctrctl.inference.accuracy import dtype_accuracy
 from ctrctl.testing.datasets import make_dataset
 from ctrctl.training.loop import train
 
-#: Every quantized type ``dtype_accuracy`` scores by default.
-ALL_DTYPES = ("fp16", "fp8", "int8", "int4", "int2")
+#: Every quantized type ``dtype_accuracy`` scores by default (``int8:bf16``: INT8 tables
+#: with a bfloat16 dense part).
+ALL_DTYPES = ("fp16", "fp8", "int8", "int4", "int2", "int8:bf16")
 
 
 def criteo_sample_accuracy(folder: Path, work: Path, checkout: Path,

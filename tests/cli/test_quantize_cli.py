@@ -32,6 +32,7 @@ def test_quantize_and_predict_in_process(trained: Trained, tmp_path: Path,  # no
     err = capsys.readouterr().err
     assert code == 0, err
     assert "C1" in err and "fp16" in err and "serving placement" in err
+    assert "inference cost mode" in err and "slowest shard" in err and "fullest shard" in err
     assert main(["quantize", "--checkpoint", str(trained.run), "--out", str(tmp_path / "x"),
                  "--device-memory-gb", "0.000001", "--no-track"]) == 1
     assert "fits on no shard" in capsys.readouterr().err and not (tmp_path / "x").exists()

@@ -55,6 +55,7 @@ def test_pyfunc_predicts_a_frame_and_links_the_training_run(logged: dict[str, ob
     quantize_run = runs["quantize"]
     assert quantize_run.data.tags["ctrctl.training_run_id"] == runs["train"].info.run_id
     assert quantize_run.data.metrics["bytes.ratio"] < 0.3 * 2  # dim 8: 12 of 32 bytes
+    assert quantize_run.data.metrics["placement.request_seconds"] > 0
     mlflow.set_tracking_uri(str(logged["uri"]))
     [model] = mlflow.search_logged_models(experiment_ids=[
         client.get_experiment_by_name("test").experiment_id], output_format="list")

@@ -118,3 +118,15 @@ def test_bad_per_table_is_a_clear_error(trained: Trained) -> None:
         QuantizeConfig(per_table={"C1": "int3"})
     with pytest.raises(ConfigError, match="does not have"):
         quantize_checkpoint(trained.run, QuantizeConfig(per_table={"nope": "int4"}))
+
+
+def test_bf16_interaction_is_the_interaction_on_bf16_inputs() -> None:
+    from ctrctl.inference.serving import bf16_dot_interaction
+    from ctrctl.modules.interaction import DotInteraction
+
+    interaction = DotInteraction(26, pad_to=8)
+    dense = torch.randn(37, 16).bfloat16()
+    sparse = torch.randn(37, 26, 16).bfloat16()
+    mine = bf16_dot_interaction(interaction, dense, sparse)
+    assert mine.dtype == torch.bfloat16 and mine.shape == (37, interaction.output_dim(16))
+    assert torch.equal(mine, interaction(dense, sparse))

@@ -60,6 +60,23 @@ def test_fbgemm_kernel_equals_reference() -> None:
 
 
 @needs_fbgemm
+def test_bf16_pooling_is_the_fp32_sums_rounded() -> None:
+    tables = _tables()
+    weights = _weights(tables)
+    fast = QuantEmbeddingBagCollection.from_float(tables, weights, backend="fbgemm")
+    slow = QuantEmbeddingBagCollection.from_float(tables, weights, backend="torch")
+    ids, offsets = _batch(tables, 9)
+    fp32 = slow(ids, offsets)
+    for module in (fast, slow):
+        module.set_output_dtype("bf16")
+        pooled = module(ids, offsets)
+        assert pooled.dtype == torch.bfloat16
+        torch.testing.assert_close(pooled, fp32.to(torch.bfloat16))
+    with pytest.raises(ConfigError, match="pooled output type"):
+        fast.set_output_dtype("fp16")
+
+
+@needs_fbgemm
 def test_absolute_offsets_select_a_slice_of_the_batch() -> None:
     # The serving model hands each shard a slice of the whole batch's offsets.
     tables = _tables()[:2]

@@ -4,7 +4,8 @@ Pure (no processes, no devices, no tracking): tables + topology + constraints ->
 -> search -> :class:`ctrctl.distributed.types.ShardingPlan` (``plan.json``). See
 ``planner.py`` for the pipeline and ``estimators.py`` for the cost model; measuring this
 machine (calibration) and the ``ctrctl plan`` step around the planner are in
-:mod:`ctrctl.planning`.
+:mod:`ctrctl.planning`. ``inference.py`` is the serving cost mode (quantized tables, one
+request, no optimizer state, no backward) that ``ctrctl quantize --shards N`` plans with.
 
 Example:
     >>> from ctrctl.distributed.planner import EmbeddingShardingPlanner, TableSpec, Topology
@@ -20,6 +21,12 @@ from ctrctl.distributed.planner.capacity import (
     SweepPoint,
     smallest_world_size,
     sweep_world_sizes,
+)
+from ctrctl.distributed.planner.inference import (
+    InferenceEstimator,
+    serving_planner,
+    serving_table,
+    serving_topology,
 )
 from ctrctl.distributed.planner.planner import (
     EmbeddingShardingPlanner,
@@ -38,6 +45,7 @@ from ctrctl.distributed.planner.types import ShardingOption, TableConstraints, T
 
 __all__ = [
     "EmbeddingShardingPlanner",
+    "InferenceEstimator",
     "PlanResult",
     "ShardingOption",
     "SweepPoint",
@@ -48,6 +56,9 @@ __all__ = [
     "plan_tables",
     "rank_rows",
     "rate_plan",
+    "serving_planner",
+    "serving_table",
+    "serving_topology",
     "smallest_world_size",
     "sweep_world_sizes",
     "table_rows",

@@ -24,8 +24,13 @@ import numpy as np
 from ctrctl.errors import PlanError
 from ctrctl.names import ComputeKernel, ShardingType
 
-#: Bytes per element of the table's data type.
-DATA_TYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
+#: Bits per element of every data type a table may be stored in, the serving-only
+#: quantized types (INT4, INT2, FP8) included.
+DATA_TYPE_BITS: dict[str, int] = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "fp8": 8,
+                                  "int4": 4, "int2": 2}
+#: Bytes a row-wise quantized row carries beside its values: an fp16 scale and an fp16 bias
+#: (FBGEMM's INT8/INT4/INT2 inference rows).
+QUANT_SCALE_BIAS_BYTES = 4
 #: Optimizer state, as (floats per row, floats per element), all fp32.
 OPTIMIZER_STATE: dict[str, tuple[float, float]] = {
     "sgd": (0.0, 0.0),
@@ -89,9 +94,12 @@ class TableSpec:
         num_embeddings: rows.
         embedding_dim: columns.
         pooling_factor: mean ids per sample (``SparseFeature.mean_length``).
-        data_type: ``fp32``, ``fp16``, ``bf16`` or ``int8`` weights.
+        data_type: ``fp32``, ``fp16``, ``bf16`` or ``int8`` weights; for serving plans
+            also ``int4``, ``int2`` and ``fp8``.
         optimizer: ``sgd``, ``rowwise_adagrad``, ``adagrad`` or ``adam`` (its state counts).
         constraints: what the user allows for this table.
+        scale_bias_bytes: bytes each row carries beside its values (row-wise quantized
+            serving rows: :data:`QUANT_SCALE_BIAS_BYTES`; 0 for training tables).
     """
 
     name: str
@@ -101,6 +109,7 @@ class TableSpec:
     data_type: str = "fp32"
     optimizer: str = "rowwise_adagrad"
     constraints: TableConstraints = field(default_factory=TableConstraints)
+    scale_bias_bytes: int = 0
 
     def __post_init__(self) -> None:
         where = f"table {self.name!r}"
@@ -109,20 +118,29 @@ class TableSpec:
                             "positive", where=where)
         if self.pooling_factor < 0:
             raise PlanError(f"pooling factor {self.pooling_factor} is negative", where=where)
-        if self.data_type not in DATA_TYPE_BYTES:
+        if self.data_type not in DATA_TYPE_BITS:
             raise PlanError(f"unknown data type {self.data_type!r}", where=where,
-                            hint=f"use one of {sorted(DATA_TYPE_BYTES)}")
+                            hint=f"use one of {sorted(DATA_TYPE_BITS)}")
+        if self.scale_bias_bytes < 0:
+            raise PlanError(f"scale_bias_bytes {self.scale_bias_bytes} is negative",
+                            where=where)
         if self.optimizer not in OPTIMIZER_STATE:
             raise PlanError(f"unknown optimizer {self.optimizer!r}", where=where,
                             hint=f"use one of {sorted(OPTIMIZER_STATE)}")
 
     @property
-    def element_bytes(self) -> int:
-        return DATA_TYPE_BYTES[self.data_type]
+    def element_bytes(self) -> float:
+        """Bytes per element (a fraction for the sub-byte types)."""
+        return DATA_TYPE_BITS[self.data_type] / 8
+
+    def row_bytes(self, cols: int | None = None) -> int:
+        """Bytes of one row ``cols`` wide (default: the whole dim), scale and bias included."""
+        width = self.embedding_dim if cols is None else cols
+        return -(-width * DATA_TYPE_BITS[self.data_type] // 8) + self.scale_bias_bytes
 
     @property
     def weight_bytes(self) -> int:
-        return self.num_embeddings * self.embedding_dim * self.element_bytes
+        return self.num_embeddings * self.row_bytes()
 
     def state_bytes(self, rows: int, cols: int) -> float:
         """Optimizer state of a ``rows x cols`` block."""
