@@ -232,13 +232,6 @@ class ShardedEmbeddingBagCollection(nn.Module):
             out.update(dict(zip(kernel.names, kernel.stats(), strict=True)))
         return out
 
-    def cache_counters(self) -> dict[str, dict[str, int]]:
-        """Per cached shard held here (``table.r<row>.c<col>``), its cache counters."""
-        out = {}
-        for kernel in self.cached_kernels():
-            out.update(dict(zip(kernel.names, kernel.counters(), strict=True)))
-        return out
-
     def data_parallel_parameters(self) -> Iterator[nn.Parameter]:
         """The replicated (data-parallel) tables: trained by the dense optimizer."""
         if ShardingType.DATA_PARALLEL.value in self.groups:

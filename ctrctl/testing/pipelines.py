@@ -231,7 +231,7 @@ def cached_sharded_body(rank: int, world_size: int, plan_types: str | Mapping[st
     for name in names:
         model = _wrap(cached_model(), plan_types, world_size, False, tables)
         losses = train_with(name, model, batches)
-        counters = [c for m in sharded_collections(model) for c in m.cache_counters().values()]
+        counters = [c for m in sharded_collections(model) for c in m.cache_stats().values()]
         got = {"loss": torch.zeros(0), **_snapshot(model)}
         assert losses.numel() == steps
         out[name] = {"bitwise": compare(name, got, want, where),

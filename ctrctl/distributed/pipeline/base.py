@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ctrctl.distributed.pipeline.stages import LoadAhead, all_have_batch
+from ctrctl.distributed.pipeline.stages import LoadAhead, PrimedForward, all_have_batch
 from ctrctl.distributed.pipeline.trace import Tracer
 
 __all__ = ["BasePipeline", "StepOutput", "TrainPipeline"]
@@ -105,6 +105,8 @@ class TrainPipeline(abc.ABC):
         self.world_size = dist.get_world_size(group) if dist.is_available() and \
             dist.is_initialized() else 1
         self.step = 0
+        #: The embedding collections whose forward this pipeline primes (none for base).
+        self._primed: list[PrimedForward] = []
         self._items: Iterator[Any] | None = None
         self._ahead: LoadAhead | None = None
         #: True once the items ran out on some rank (every rank then stops).
@@ -139,7 +141,7 @@ class TrainPipeline(abc.ABC):
 
     def primed_calls(self) -> int:
         """Embedding forwards that finished work this pipeline started ahead (0 for base)."""
-        return sum(p.primed_calls for p in getattr(self, "_primed", []))
+        return sum(p.primed_calls for p in self._primed)
 
     def close(self, wait: bool = True) -> None:
         """Finish what is in flight (collectives complete on every rank) and stop threads.
