@@ -4,9 +4,11 @@
 * ``ctrctl.modules._embedding_kernel``: the CPU embedding kernel (pooled lookup, fused
   optimizer update). It includes no torch headers (tensors cross as addresses), so the
   build needs no torch in pip's isolated build environment.
+* ``ctrctl.modules._interaction_kernel``: DLRM's dot interaction on CPU, forward and backward
+  (the same conventions).
 
-Both are optional: where no C compiler is available the build skips them and ctrctl runs
-on its polars path and its plain-torch or FBGEMM embedding kernels.
+All are optional: where no C compiler is available the build skips them and ctrctl runs
+on its polars path, its plain-torch or FBGEMM embedding kernels and torch's interaction.
 """
 
 from setuptools import Extension, setup
@@ -27,6 +29,16 @@ setup(
             # load time, so no -march here.
             extra_compile_args=["-O3", "-fno-math-errno", "-ffp-contract=off", "-pthread"],
             extra_link_args=["-pthread"],
+            depends=["ctrctl/modules/_native_threads.h"],
+            optional=True,
+        ),
+        Extension(
+            "ctrctl.modules._interaction_kernel",
+            sources=["ctrctl/modules/_interaction_kernel.c"],
+            # Contraction stays on: FMA where the CPU has it (no bitwise match to keep).
+            extra_compile_args=["-O3", "-Wno-psabi", "-pthread"],
+            extra_link_args=["-pthread"],
+            depends=["ctrctl/modules/_native_threads.h"],
             optional=True,
         ),
     ]

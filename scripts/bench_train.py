@@ -190,7 +190,7 @@ class SparseEmbeddingDLRM(nn.Module):
         for bag in self.bags:
             nn.init.uniform_(bag.weight, -bound, bound)
         self.dense_arch = MLP(DENSE_FEATURES, [512, 256, dim])
-        self.interaction = DotInteraction(tables)
+        self.interaction = DotInteraction(tables, kernel="torch")  # plain torch: bmm
         self.over_arch = MLP(
             self.interaction.output_dim(dim), [512, 256, 1], final_activation=False
         )

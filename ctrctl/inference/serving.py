@@ -75,6 +75,10 @@ class ServingModel(nn.Module):
         self.identity_order = self.input_features == model_features
         self.dense_arch: nn.Module | None = copy.deepcopy(dlrm.dense_arch)
         self.interaction = copy.deepcopy(dlrm.interaction)
+        if isinstance(self.interaction, DotInteraction | SparseDotInteraction):
+            # The exported program runs torch's ops (it loads without ctrctl): eager serving
+            # runs the same ones, so the two score bitwise alike.
+            self.interaction.kernel = "torch"
         self.over_arch: nn.Module = copy.deepcopy(dlrm.over_arch)
         self.compute_dtype = torch.bfloat16 if dense_dtype == "bf16" else torch.float32
         if dense_dtype == "bf16":

@@ -40,16 +40,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
-#define CLONES __attribute__((target_clones("avx512f", "arch=haswell", "default")))
-#define KERNEL_ISA "avx512f,haswell (avx2+fma),x86-64 (runtime dispatch)"
-#else
-#define CLONES
-#define KERNEL_ISA "portable"
-#endif
-#define INLINE static inline __attribute__((always_inline))
+#include "_native_threads.h"
 
-#define MAX_THREADS 64
 enum { OPT_SGD = 0, OPT_ADAGRAD = 1, OPT_ROWWISE_ADAGRAD = 2 };
 enum { WD_NONE = 0, WD_L2 = 1, WD_DECOUPLED = 2 };
 
@@ -60,52 +52,6 @@ typedef struct {
     const int64_t *weights, *states, *dims, *rows, *cols, *keys;
     int mean;
 } Batch;
-
-/* ---- threads --------------------------------------------------------------------------- */
-
-typedef void (*task_fn)(void *ctx, int thread, int nthreads);
-typedef struct {
-    task_fn fn;
-    void *ctx;
-    int thread, nthreads;
-} Task;
-
-static void *task_main(void *arg) {
-    Task *t = (Task *)arg;
-    t->fn(t->ctx, t->thread, t->nthreads);
-    return NULL;
-}
-
-/* Run fn on nthreads threads (the calling one included); falls back to fewer when a thread
- * cannot start, each thread's share being recomputed from the count that runs. */
-static void run_parallel(task_fn fn, void *ctx, int nthreads) {
-    if (nthreads < 1) nthreads = 1;
-    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
-    if (nthreads == 1) {
-        fn(ctx, 0, 1);
-        return;
-    }
-    pthread_t ids[MAX_THREADS];
-    Task tasks[MAX_THREADS];
-    for (int t = 0; t < nthreads; t++) tasks[t] = (Task){fn, ctx, t, nthreads};
-    int started = 0;
-    for (int t = 1; t < nthreads; t++) {
-        if (pthread_create(&ids[t], NULL, task_main, &tasks[t]) != 0) break;
-        started = t;
-    }
-    if (started < nthreads - 1) { /* could not start them all: run the work on fewer */
-        for (int t = 1; t <= started; t++) pthread_join(ids[t], NULL);
-        fn(ctx, 0, 1);
-        return;
-    }
-    fn(ctx, 0, nthreads);
-    for (int t = 1; t < nthreads; t++) pthread_join(ids[t], NULL);
-}
-
-static inline void share(int64_t n, int thread, int nthreads, int64_t *lo, int64_t *hi) {
-    *lo = n * thread / nthreads;
-    *hi = n * (thread + 1) / nthreads;
-}
 
 /* ---- forward ----------------------------------------------------------------------------- */
 

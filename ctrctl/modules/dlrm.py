@@ -36,7 +36,13 @@ from torch import nn
 from ctrctl.compat import bf16_autocast_supported
 from ctrctl.errors import ConfigError
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
-from ctrctl.modules.interaction import DCNInteraction, DotInteraction
+from ctrctl.modules.interaction import (
+    DCNInteraction,
+    DotInteraction,
+    InteractionKernel,
+    native_pairwise_dot,
+    use_native_interaction,
+)
 from ctrctl.modules.mlp import MLP
 from ctrctl.sparse import KeyedJaggedTensor
 
@@ -53,9 +59,12 @@ class SparseDotInteraction(nn.Module):
     Args:
         num_sparse_features: F (at least 2: one embedding has no pair).
         pad_to: pad the output width to a multiple of this.
+        kernel: "auto" (the C kernel on float32 CPU tensors) or "torch"; see
+            :class:`DotInteraction`.
     """
 
-    def __init__(self, num_sparse_features: int, pad_to: int = 1) -> None:
+    def __init__(self, num_sparse_features: int, pad_to: int = 1,
+                 kernel: InteractionKernel = "auto") -> None:
         super().__init__()
         if num_sparse_features < 2:
             raise ConfigError(
@@ -63,6 +72,7 @@ class SparseDotInteraction(nn.Module):
                 f"{num_sparse_features}", where="DLRM", hint="use interaction: dcn")
         self.num_sparse_features = num_sparse_features
         self.pad_to = max(1, pad_to)
+        self.kernel: InteractionKernel = kernel
         n = num_sparse_features
         rows, cols = torch.triu_indices(n, n, offset=1)
         self.pair_index: torch.Tensor
@@ -77,6 +87,8 @@ class SparseDotInteraction(nn.Module):
 
     def forward(self, sparse: torch.Tensor) -> torch.Tensor:
         """(B, F, D) -> (B, F (F - 1) / 2 [+ zero padding])."""
+        if use_native_interaction(self.kernel, sparse):
+            return native_pairwise_dot(None, sparse, self.output_dim(0))
         batch, n, _ = sparse.shape
         gram = torch.bmm(sparse, sparse.transpose(1, 2))  # (B, F, F)
         pairs = gram.reshape(batch, n * n).index_select(1, self.pair_index)

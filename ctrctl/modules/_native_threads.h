@@ -1,0 +1,68 @@
+/* What the native CPU kernels share: loops built for several instruction sets, and a
+ * thread runner that starts pthreads per call and joins them before returning (no second
+ * OpenMP runtime beside torch's). Included by _embedding_kernel.c and _interaction_kernel.c.
+ */
+#ifndef CTRCTL_NATIVE_THREADS_H
+#define CTRCTL_NATIVE_THREADS_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#define CLONES __attribute__((target_clones("avx512f", "arch=haswell", "default")))
+#define KERNEL_ISA "avx512f,haswell (avx2+fma),x86-64 (runtime dispatch)"
+#else
+#define CLONES
+#define KERNEL_ISA "portable"
+#endif
+#define INLINE static inline __attribute__((always_inline))
+
+#define MAX_THREADS 64
+
+/* ---- threads --------------------------------------------------------------------------- */
+
+typedef void (*task_fn)(void *ctx, int thread, int nthreads);
+typedef struct {
+    task_fn fn;
+    void *ctx;
+    int thread, nthreads;
+} Task;
+
+static void *task_main(void *arg) {
+    Task *t = (Task *)arg;
+    t->fn(t->ctx, t->thread, t->nthreads);
+    return NULL;
+}
+
+/* Run fn on nthreads threads (the calling one included); falls back to fewer when a thread
+ * cannot start, each thread's share being recomputed from the count that runs. */
+static void run_parallel(task_fn fn, void *ctx, int nthreads) {
+    if (nthreads < 1) nthreads = 1;
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    if (nthreads == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    pthread_t ids[MAX_THREADS];
+    Task tasks[MAX_THREADS];
+    for (int t = 0; t < nthreads; t++) tasks[t] = (Task){fn, ctx, t, nthreads};
+    int started = 0;
+    for (int t = 1; t < nthreads; t++) {
+        if (pthread_create(&ids[t], NULL, task_main, &tasks[t]) != 0) break;
+        started = t;
+    }
+    if (started < nthreads - 1) { /* could not start them all: run the work on fewer */
+        for (int t = 1; t <= started; t++) pthread_join(ids[t], NULL);
+        fn(ctx, 0, 1);
+        return;
+    }
+    fn(ctx, 0, nthreads);
+    for (int t = 1; t < nthreads; t++) pthread_join(ids[t], NULL);
+}
+
+static inline void share(int64_t n, int thread, int nthreads, int64_t *lo, int64_t *hi) {
+    *lo = n * thread / nthreads;
+    *hi = n * (thread + 1) / nthreads;
+}
+
+#endif
