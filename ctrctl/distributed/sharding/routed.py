@@ -87,12 +87,18 @@ class RoutedSharding(EmbeddingSharding[comm.JaggedExchange]):
         all_columns = self.layout.target_columns()
         self.register_buffer("all_columns", all_columns, persistent=False)
         # Blocks that tile the output once (no row blocks to sum) need only a column gather.
-        self.gather_columns: torch.Tensor | None = None
+        self.widths = [self.layout.rank_width(r) for r in range(world)]
+        # Blocks that tile the output once (no row blocks to sum) are copied into place as
+        # they arrive: each rank's block as runs of consecutive output columns.
+        self.placement: tuple[int, list[list[comm.ColumnRun]]] | None = None
         if torch.equal(torch.sort(all_columns).values, torch.arange(self.layout.output_dim)):
-            self.gather_columns = torch.argsort(all_columns)
+            targets = all_columns.tolist()
+            starts = [sum(self.widths[:r]) for r in range(world)]
+            self.placement = (self.layout.output_dim, [
+                comm.column_runs(targets[a : a + w])
+                for a, w in zip(starts, self.widths, strict=True)])
         self.register_buffer("my_columns", self.layout.target_columns([self.rank]),
                              persistent=False)
-        self.widths = [self.layout.rank_width(r) for r in range(world)]
         mean_features = [f for f, (_, t) in enumerate(self.layout.features)
                          if self.layout.row_split(t) and self.layout.tables[t].pooling == "mean"]
         self.mean_features = mean_features
@@ -185,10 +191,11 @@ class RoutedSharding(EmbeddingSharding[comm.JaggedExchange]):
             partial = _place_columns(local, self.my_columns, self.layout.output_dim)  # (Bg, D)
             return comm.reduce_scatter_rows(partial, batch_per_rank, self.group,
                                             self.grad_scale)
+        if self.placement is not None:
+            return comm.pooled_all_to_all(local, batch_per_rank, self.widths, self.group,
+                                          self.grad_scale, self.placement)     # (B, D)
         received = comm.pooled_all_to_all(local, batch_per_rank, self.widths, self.group,
                                           self.grad_scale)                     # (B, sum W)
-        if self.gather_columns is not None:
-            return received.index_select(1, self.gather_columns)              # (B, D)
         out = received.new_zeros(batch, self.layout.output_dim)
         return out.index_add(1, self.all_columns, received)                   # (B, D)
 
