@@ -542,7 +542,9 @@ class _ReduceScatterRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         batch_per_rank, group, grad_scale = ctx.meta
-        grad = grad.contiguous()
+        # Scaled before the gather (the same products, on 1 / world of the rows), which also
+        # makes it contiguous.
+        grad = grad * grad_scale if grad_scale != 1.0 else grad.contiguous()
         width = grad.size(1)
         if len(set(batch_per_rank)) == 1:
             full = grad.new_empty(sum(batch_per_rank), width)
@@ -558,8 +560,6 @@ class _ReduceScatterRows(torch.autograd.Function):
                 dist.all_to_all_single(full, flat, out_splits, [out_splits[me]] * world,
                                        group=group)
             full = full.view(-1, width)
-        if grad_scale != 1.0:
-            full = full * grad_scale
         return full, None, None, None
 
 
