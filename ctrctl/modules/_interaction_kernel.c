@@ -201,11 +201,20 @@ static int run(task_fn fn, Interaction *it, int nthreads) {
     return failed;
 }
 
-static int check_sizes(long long B, long long F, long long D) {
-    if (B < 0 || F < 0 || D <= 0 || F + 1 < 2) {
-        PyErr_SetString(PyExc_ValueError, "interaction: bad sizes");
-        return 1;
+/* The sizes and inputs both directions share; width: out_stride (forward) or grad_stride
+ * (backward), which must hold [dense, pairs]. 0, or -1 with a ValueError set. */
+static int prepare(Interaction *it, long long B, long long F, long long D, long long dense,
+                   long long sparse, long long width, const char *what) {
+    const long long n = F + (dense != 0);
+    if (B < 0 || F < 1 || D <= 0 || n < 2 || width < (dense ? D : 0) + n * (n - 1) / 2) {
+        PyErr_Format(PyExc_ValueError, "interaction: bad sizes, or %s narrower than its pairs",
+                     what);
+        return -1;
     }
+    memset(it, 0, sizeof *it);
+    it->B = B, it->F = F, it->D = D;
+    it->dense = (const float *)(intptr_t)dense;
+    it->sparse = (const float *)(intptr_t)sparse;
     return 0;
 }
 
@@ -213,21 +222,13 @@ static PyObject *py_forward(PyObject *self, PyObject *args) {
     (void)self;
     long long B, F, D, dense, sparse, out, out_stride;
     int nthreads;
+    Interaction it;
     if (!PyArg_ParseTuple(args, "LLLLLLLi", &B, &F, &D, &dense, &sparse, &out, &out_stride,
-                          &nthreads))
+                          &nthreads) ||
+        prepare(&it, B, F, D, dense, sparse, out_stride, "output"))
         return NULL;
-    if (check_sizes(B, F, D)) return NULL;
-    Interaction it = {0};
-    it.B = B, it.F = F, it.D = D;
-    it.dense = (const float *)(intptr_t)dense;
-    it.sparse = (const float *)(intptr_t)sparse;
     it.out = (float *)(intptr_t)out;
     it.out_stride = out_stride;
-    const int64_t n = vectors(&it);
-    if (n < 2 || out_stride < (dense ? D : 0) + n * (n - 1) / 2) {
-        PyErr_SetString(PyExc_ValueError, "interaction: output narrower than its pairs");
-        return NULL;
-    }
     if (run(forward_task, &it, nthreads)) return NULL;
     Py_RETURN_NONE;
 }
@@ -236,37 +237,26 @@ static PyObject *py_backward(PyObject *self, PyObject *args) {
     (void)self;
     long long B, F, D, dense, sparse, grad, grad_stride, grad_dense, grad_sparse;
     int nthreads;
+    Interaction it;
     if (!PyArg_ParseTuple(args, "LLLLLLLLLi", &B, &F, &D, &dense, &sparse, &grad, &grad_stride,
-                          &grad_dense, &grad_sparse, &nthreads))
+                          &grad_dense, &grad_sparse, &nthreads) ||
+        prepare(&it, B, F, D, dense, sparse, grad_stride, "gradient"))
         return NULL;
-    if (check_sizes(B, F, D)) return NULL;
-    Interaction it = {0};
-    it.B = B, it.F = F, it.D = D;
-    it.dense = (const float *)(intptr_t)dense;
-    it.sparse = (const float *)(intptr_t)sparse;
+    if (dense && !grad_dense) {
+        PyErr_SetString(PyExc_ValueError, "interaction: no buffer for the dense gradient");
+        return NULL;
+    }
     it.grad = (const float *)(intptr_t)grad;
     it.grad_stride = grad_stride;
     it.grad_dense = (float *)(intptr_t)grad_dense;
     it.grad_sparse = (float *)(intptr_t)grad_sparse;
-    const int64_t n = vectors(&it);
-    if (n < 2 || grad_stride < (dense ? D : 0) + n * (n - 1) / 2 || (dense && !grad_dense)) {
-        PyErr_SetString(PyExc_ValueError, "interaction: gradient narrower than its pairs");
-        return NULL;
-    }
     if (run(backward_task, &it, nthreads)) return NULL;
     Py_RETURN_NONE;
-}
-
-static PyObject *py_isa(PyObject *self, PyObject *args) {
-    (void)self;
-    (void)args;
-    return PyUnicode_FromString(KERNEL_ISA);
 }
 
 static PyMethodDef methods[] = {
     {"forward", py_forward, METH_VARARGS, "[dense, pairwise dots, zeros] per sample."},
     {"backward", py_backward, METH_VARARGS, "Gradients of dense and sparse; see the source."},
-    {"isa", py_isa, METH_NOARGS, "The instruction sets the loops are built for."},
     {NULL, NULL, 0, NULL},
 };
 

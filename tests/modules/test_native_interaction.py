@@ -132,3 +132,16 @@ def test_other_dtypes_non_contiguous_inputs_and_export_take_a_valid_path() -> No
     targets = {str(node.target) for node in program.graph.nodes}
     assert any("bmm" in t for t in targets)
     torch.testing.assert_close(program.module()(dense, sparse.contiguous()), mod(dense, sparse))
+
+
+def test_the_kernel_refuses_sizes_it_cannot_hold() -> None:
+    ext = interaction_module._ext
+    out = torch.empty(2, 3)
+    sparse = torch.randn(2, 2, 4)
+    with pytest.raises(ValueError, match="output narrower"):  # 1 pair needs 1 column: 0 given
+        ext.forward(2, 2, 4, 0, sparse.data_ptr(), out.data_ptr(), 0, 1)
+    with pytest.raises(ValueError, match="bad sizes"):  # no sparse feature
+        ext.forward(2, 0, 4, 0, sparse.data_ptr(), out.data_ptr(), 3, 1)
+    with pytest.raises(ValueError, match="dense gradient"):
+        ext.backward(2, 2, 4, sparse.data_ptr(), sparse.data_ptr(), out.data_ptr(), 7, 0,
+                     sparse.data_ptr(), 1)
