@@ -76,6 +76,7 @@ class _NativePairwiseDot(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # a double backward raises, not silently 0
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         assert _ext is not None
         dense, sparse = ctx.saved_tensors
@@ -141,7 +142,8 @@ class DotInteraction(nn.Module):
             their weights get zero gradient, so the model is the same.
         kernel: "auto" runs the C kernel on float32 CPU tensors where it was built (several
             times faster than torch's batched matmul on the tiny per-sample matrices) and
-            torch's ops elsewhere; "torch" always runs torch's ops.
+            torch's ops elsewhere; "torch" always runs torch's ops (needed for second
+            derivatives: the C backward is differentiable once).
     """
 
     def __init__(self, num_sparse_features: int, pad_to: int = 1,

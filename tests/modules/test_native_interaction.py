@@ -145,3 +145,20 @@ def test_the_kernel_refuses_sizes_it_cannot_hold() -> None:
     with pytest.raises(ValueError, match="dense gradient"):
         ext.backward(2, 2, 4, sparse.data_ptr(), sparse.data_ptr(), out.data_ptr(), 7, 0,
                      sparse.data_ptr(), 1)
+
+
+def test_a_second_derivative_is_refused() -> None:
+    """The C backward is not differentiable: differentiating it raises (kernel="torch" is
+    twice differentiable)."""
+    gen = torch.Generator().manual_seed(6)
+    dense = torch.randn(4, 8, generator=gen, requires_grad=True)
+    sparse = torch.randn(4, 3, 8, generator=gen, requires_grad=True)
+    out = DotInteraction(3)(dense, sparse)
+    upstream = torch.randn(out.shape, generator=gen, requires_grad=True)
+    (grad,) = torch.autograd.grad(out, sparse, upstream, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        grad.sum().backward()
+    plain = DotInteraction(3, kernel="torch")(dense, sparse)
+    (grad,) = torch.autograd.grad(plain, sparse, upstream, create_graph=True)
+    grad.sum().backward()  # torch's ops: fine
+    assert upstream.grad is not None

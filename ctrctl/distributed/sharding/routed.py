@@ -86,7 +86,6 @@ class RoutedSharding(EmbeddingSharding[comm.JaggedExchange]):
             start = end
         all_columns = self.layout.target_columns()
         self.register_buffer("all_columns", all_columns, persistent=False)
-        # Blocks that tile the output once (no row blocks to sum) need only a column gather.
         self.widths = [self.layout.rank_width(r) for r in range(world)]
         # Blocks that tile the output once (no row blocks to sum) are copied into place as
         # they arrive: each rank's block as runs of consecutive output columns.
