@@ -131,25 +131,13 @@ def ctrctl_body(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, fl
 
 
 def torchrec_body(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, float]:
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
     from torchrec.datasets.utils import Batch as TorchrecBatch
-    from torchrec.distributed import DistributedModelParallel
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner import (
-        EmbeddingShardingPlanner,
-        ParameterConstraints,
-        Topology,
-    )
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
     from torchrec.models.dlrm import DLRM, DLRMTrain
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-    kind = cfg["plan"]
-
-    class AllTypesSharder(EmbeddingBagCollectionSharder):
-        def sharding_types(self, compute_device_type: str) -> list[str]:
-            return [kind]
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_sharding import torchrec_sharded  # the same TorchRec setup as that benchmark
 
     keys = [f"C{i + 1}" for i in range(cfg["tables"])]
     tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=cfg["rows"],
@@ -158,19 +146,7 @@ def torchrec_body(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, 
     dense_arch, over_arch = _arch(cfg)
     model = DLRMTrain(DLRM(EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
                            13, dense_arch, over_arch))
-    sharder = AllTypesSharder(fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-                                            "learning_rate": 0.01})
-    constraints = {t.name: ParameterConstraints(
-        sharding_types=[kind], compute_kernels=["dense" if kind == "data_parallel" else "fused"],
-        min_partition=max(4, cfg["dim"] // 2)) for t in tables}
-    planner = EmbeddingShardingPlanner(
-        topology=Topology(world_size=world_size, compute_device="cpu"),
-        constraints=constraints, batch_size=cfg["batch_size"])
-    plan = planner.collective_plan(model, [sharder], dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan,
-                                   sharders=[sharder])
-    opt = torch.optim.Adagrad([p for _, p in in_backward_optimizer_filter(
-        dmp.named_parameters())], lr=0.01)
+    dmp, opt = torchrec_sharded(model, tables, cfg["plan"], cfg, world_size)
 
     def converted(items: Iterator[Any]) -> Iterator[Any]:
         for _, b in items:

@@ -110,9 +110,12 @@ def ctrctl_body(rank: int, world_size: int, cfg: dict[str, Any], kind: str) -> l
     return _time_steps(step, _batches(cfg, rank, cfg["warmup"] + cfg["steps"]), cfg["warmup"])
 
 
-def torchrec_body(rank: int, world_size: int, cfg: dict[str, Any], kind: str) -> list[float]:
+def torchrec_sharded(model: Any, tables: list[Any], kind: str, cfg: dict[str, Any],
+                     world_size: int) -> tuple[Any, torch.optim.Optimizer]:
+    """TorchRec's DistributedModelParallel of ``model`` with every table sharded ``kind``
+    (fused exact row-wise Adagrad, lr 0.01, through a sharder that offers every type on CPU),
+    and Adagrad on the dense parameters. Also used by scripts/bench_pipeline.py."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import (
@@ -120,20 +123,12 @@ def torchrec_body(rank: int, world_size: int, cfg: dict[str, Any], kind: str) ->
         ParameterConstraints,
         Topology,
     )
-    from torchrec.models.dlrm import DLRM
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     class AllTypesSharder(EmbeddingBagCollectionSharder):
         def sharding_types(self, compute_device_type: str) -> list[str]:
             return list(TYPES)
 
-    keys = [f"f{i}" for i in range(cfg["tables"])]
-    tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=cfg["rows"],
-                                 embedding_dim=cfg["dim"], feature_names=[keys[i]])
-              for i in range(cfg["tables"])]
-    dense_arch, over_arch = _arch(cfg["dim"], cfg["quick"])
-    model = DLRM(EmbeddingBagCollection(tables=tables, device=torch.device("meta")), 13,
-                 dense_arch, over_arch)
     sharder = AllTypesSharder(fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
                                             "learning_rate": 0.01})
     kernel = "dense" if kind == "data_parallel" else "fused"
@@ -147,7 +142,21 @@ def torchrec_body(rank: int, world_size: int, cfg: dict[str, Any], kind: str) ->
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan,
                                    sharders=[sharder])
     dense = [p for _, p in in_backward_optimizer_filter(dmp.named_parameters())]
-    opt = torch.optim.Adagrad(dense, lr=0.01)
+    return dmp, torch.optim.Adagrad(dense, lr=0.01)
+
+
+def torchrec_body(rank: int, world_size: int, cfg: dict[str, Any], kind: str) -> list[float]:
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+    from torchrec.models.dlrm import DLRM
+
+    keys = [f"f{i}" for i in range(cfg["tables"])]
+    tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=cfg["rows"],
+                                 embedding_dim=cfg["dim"], feature_names=[keys[i]])
+              for i in range(cfg["tables"])]
+    dense_arch, over_arch = _arch(cfg["dim"], cfg["quick"])
+    model = DLRM(EmbeddingBagCollection(tables=tables, device=torch.device("meta")), 13,
+                 dense_arch, over_arch)
+    dmp, opt = torchrec_sharded(model, tables, kind, cfg, world_size)
     lengths = torch.ones(cfg["tables"] * cfg["batch_size"], dtype=torch.int64)
 
     def step(dense_x: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor) -> None:
