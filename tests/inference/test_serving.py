@@ -130,3 +130,50 @@ def test_bf16_interaction_is_the_interaction_on_bf16_inputs() -> None:
     mine = bf16_dot_interaction(interaction, dense, sparse)
     assert mine.dtype == torch.bfloat16 and mine.shape == (37, interaction.output_dim(16))
     assert torch.equal(mine, interaction(dense, sparse))
+
+
+def test_fused_linear_equals_linear_and_relu() -> None:
+    from ctrctl.inference.serving import FusedLinear, fused_linear_available
+
+    if not fused_linear_available():
+        pytest.skip("this torch has no oneDNN bfloat16 linear")
+    linear = torch.nn.Linear(40, 24).bfloat16()
+    x = torch.randn(37, 40).bfloat16()
+    with torch.no_grad():
+        torch.testing.assert_close(FusedLinear(linear, relu=True)(x), torch.relu(linear(x)))
+        torch.testing.assert_close(FusedLinear(linear, relu=False)(x), linear(x))
+        assert (FusedLinear(linear, relu=True)(x) >= 0).all()
+
+
+def test_bf16_serving_runs_fused_layers_and_exports_them(trained: Trained, tmp_path: Path
+                                                         ) -> None:
+    from ctrctl.inference.export import load_artifact, write_artifact
+    from ctrctl.inference.serving import FusedLinear, fused_linear_available
+
+    if not fused_linear_available():
+        pytest.skip("this torch has no oneDNN bfloat16 linear")
+    q = quantize_checkpoint(trained.run, QuantizeConfig(dtype="int8", dense_dtype="bf16"))
+    layers = [m for m in q.model.modules() if isinstance(m, torch.nn.Linear | FusedLinear)]
+    assert layers and all(isinstance(m, FusedLinear) for m in layers)
+    assert not any(isinstance(m, torch.nn.ReLU) for m in q.model.modules())  # absorbed
+    # The same scores as the layers unfused, within bfloat16 rounding.
+    unfused = quantize_checkpoint(trained.run, QuantizeConfig(dtype="int8", dense_dtype="bf16"))
+    for part in (unfused.model.dense_arch, unfused.model.over_arch):
+        for name, child in part.named_children():  # back to Linear + ReLU
+            if isinstance(child, torch.nn.Sequential):
+                plain: list[torch.nn.Module] = []
+                for layer in child:
+                    linear = torch.nn.Linear(layer.weight.shape[1], layer.weight.shape[0],
+                                             dtype=torch.bfloat16)
+                    linear.load_state_dict({"weight": layer.weight, "bias": layer.bias})
+                    plain += [linear] + ([torch.nn.ReLU()] if layer.activation == "relu"
+                                         else [])
+                setattr(part, name, torch.nn.Sequential(*plain))
+    inputs = batch_inputs(_batch(trained), q.model.input_features)  # type: ignore[arg-type]
+    with torch.no_grad():
+        torch.testing.assert_close(q.model(*inputs), unfused.model(*inputs))
+    # The artifact's program calls oneDNN's op and scores as the eager model, bitwise.
+    folder = write_artifact(q, tmp_path / "export", dataset=trained.dataset.path)
+    program = torch.export.load(str(folder / "program.pt2"))
+    assert any("_linear_pointwise" in str(n.target) for n in program.graph.nodes)
+    assert torch.equal(load_artifact(folder).score(*inputs), q.model(*inputs))
