@@ -50,6 +50,11 @@ except ImportError:  # not built (no C compiler at install time)
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 _KINDS = {"exact_sgd": 0, "exact_adagrad": 1, "exact_rowwise_adagrad": 2}
 _WEIGHT_DECAY_MODES = {"none": 0, "l2": 1, "decoupled": 2}
+#: Buffers at least this large go on transparent huge pages (several 2 MiB pages' worth).
+HUGE_PAGE_MIN_BYTES = 8 << 20
+#: Buffers up to this size are collapsed into huge pages on first use (about 1.4 s per GiB
+#: here); larger ones are only advised.
+COLLAPSE_MAX_BYTES = 2 << 30
 
 
 def native_available() -> bool:
@@ -205,6 +210,19 @@ class NativeTableBatchedEmbeddingBags(TorchTableBatchedEmbeddingBags):
             self._scratch = torch.empty(size + size // 4, dtype=torch.uint8)
         return self._scratch
 
+    def _advise_huge_pages(self) -> None:
+        """Tables and their optimizer state on transparent huge pages (the kernel's
+        ``advise_huge_pages``: rows are read at random, and with 4 KiB pages nearly every
+        one costs a TLB miss). Memory already touched is collapsed into huge pages at once
+        for buffers up to :data:`COLLAPSE_MAX_BYTES`; larger ones are left to the kernel's
+        background collapsing, so a first step never stalls on many GiB."""
+        assert _ext is not None
+        for tensor in [*self.flat_weights, *(s for state in self.states for s in state.values())]:
+            nbytes = tensor.numel() * tensor.element_size()
+            if nbytes >= HUGE_PAGE_MIN_BYTES:
+                _ext.advise_huge_pages(tensor.data_ptr(), nbytes,
+                                       int(nbytes <= COLLAPSE_MAX_BYTES))
+
     def _meta(self) -> torch.Tensor:
         """(6, F) int64: per feature its table's weight and state addresses, dim, rows,
         output column and first key; rebuilt when the buffers move."""
@@ -213,6 +231,7 @@ class NativeTableBatchedEmbeddingBags(TorchTableBatchedEmbeddingBags):
         )
         if self._meta_cache is not None and self._meta_cache[0] == addresses:
             return self._meta_cache[1]
+        self._advise_huge_pages()
         weights, states = [], []
         for t in self.feature_table_map:
             dim = self.tables[t][1]

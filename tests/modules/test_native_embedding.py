@@ -198,3 +198,38 @@ def test_collection_state_and_resume_across_kernels() -> None:
         torch.testing.assert_close(resumed.embedding_bag_weights()[name], weight)
         torch.testing.assert_close(resumed.optimizer_state()[name]["momentum1"],
                                    native.optimizer_state()[name]["momentum1"])
+
+
+def test_large_tables_go_on_huge_pages_and_train_as_plain_torch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Buffers past HUGE_PAGE_MIN_BYTES are advised (and collapsed) once, not every step;
+    the weights, their values and the training are unchanged by it."""
+    import ctrctl.modules.native_embedding as native
+
+    calls: list[tuple[int, int, int]] = []
+    advise = native._ext.advise_huge_pages
+
+    def spy(address: int, nbytes: int, collapse: int) -> bool:
+        calls.append((address, nbytes, collapse))
+        return bool(advise(address, nbytes, collapse))
+
+    monkeypatch.setattr(native._ext, "advise_huge_pages", spy)
+    rows, dim = (native.HUGE_PAGE_MIN_BYTES // (dim_bytes := 64 * 4)) + 1000, 64
+    gen = torch.Generator().manual_seed(0)
+    start = torch.randn(rows, dim, generator=gen)
+    optimizer = EmbeddingOptimizerConfig(kind="exact_adagrad", lr=0.1, eps=1e-3)
+    bags = {b: BatchedEmbeddingBag([(rows, dim)], backend=b, optimizer=optimizer,
+                                   weights=[start.clone()]) for b in ("native", "torch")}
+    for _ in range(3):
+        ids = torch.randint(0, rows, (2000,), generator=gen)
+        ids[1::7] = ids[0]  # a hot row
+        offsets = torch.arange(0, 2001, 4)
+        grad = torch.randn(500, dim, generator=gen)
+        for bag in bags.values():
+            bag(ids, offsets).backward(grad)
+    torch.testing.assert_close(bags["native"].split_weights()[0],
+                               bags["torch"].split_weights()[0])
+    weight = bags["native"].kernel.flat_weights[0]  # type: ignore[attr-defined]
+    assert (weight.data_ptr(), rows * dim_bytes, 1) in calls  # the table, collapsed
+    assert len(calls) == 2  # table and state, once (the addresses did not change)
+    assert all(nbytes >= native.HUGE_PAGE_MIN_BYTES for _, nbytes, _ in calls)
