@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from ctrctl.errors import ConfigError, SparseInputError
+from ctrctl.modules.buffers import ReusableBuffer
 from ctrctl.modules.embedding_kernel import batch_of
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.modules.torch_embedding import TorchTableBatchedEmbeddingBags
@@ -47,7 +48,6 @@ except ImportError:  # not built (no C compiler at install time)
     _ext = None
 
 # Private, but stable since torch 1.x; without it every step gets a fresh output.
-_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 _KINDS = {"exact_sgd": 0, "exact_adagrad": 1, "exact_rowwise_adagrad": 2}
 _WEIGHT_DECAY_MODES = {"none": 0, "l2": 1, "decoupled": 2}
 #: Buffers at least this large go on transparent huge pages (several 2 MiB pages' worth).
@@ -182,27 +182,13 @@ class NativeTableBatchedEmbeddingBags(TorchTableBatchedEmbeddingBags):
         self._meta_cache: tuple[tuple[int, ...], torch.Tensor] | None = None
         # Reused between steps: a fresh 27 MB output (26 x 64 floats x 4096) costs more in
         # page faults than the lookup itself.
-        self._out_owner: torch.Tensor | None = None
+        self._out = ReusableBuffer()
         self._scratch = torch.empty(0, dtype=torch.uint8)
 
     def _output(self, batch: int) -> torch.Tensor:
-        """An uninitialised (batch, total_dim) output in the previous step's memory when
-        nothing holds that any more, in new memory otherwise.
-
-        The kernel keeps an owner tensor and hands out an alias of its storage (``set_``,
-        not a view); the storage's use count is then 2 (the owner and the temporary storage
-        object asked here) exactly when no output, view or saved tensor of it is alive."""
-        owner = self._out_owner
-        shape, stride = (batch, self.total_dim), (self.total_dim, 1)
-        if (
-            owner is None
-            or owner.numel() < batch * self.total_dim
-            or _storage_use_count is None
-            or _storage_use_count(owner.untyped_storage()._cdata) > 2
-        ):
-            owner = torch.empty(batch * self.total_dim)
-            self._out_owner = owner
-        return torch.empty(0).set_(owner.untyped_storage(), 0, shape, stride)
+        """An uninitialised (batch, total_dim) output, in the previous step's memory when
+        nothing holds that any more (:class:`~ctrctl.modules.buffers.ReusableBuffer`)."""
+        return self._out.get((batch, self.total_dim))
 
     def _workspace(self, size: int) -> torch.Tensor:
         """Backward's scratch (keys, positions, sort buffers), kept between steps."""

@@ -98,6 +98,7 @@ class RoutedSharding(EmbeddingSharding[comm.JaggedExchange]):
                 for a, w in zip(starts, self.widths, strict=True)])
         self.register_buffer("my_columns", self.layout.target_columns([self.rank]),
                              persistent=False)
+        self.dist_buffers = comm.OutputDistBuffers()  # memory the output dist reuses
         mean_features = [f for f, (_, t) in enumerate(self.layout.features)
                          if self.layout.row_split(t) and self.layout.tables[t].pooling == "mean"]
         self.mean_features = mean_features
@@ -189,10 +190,11 @@ class RoutedSharding(EmbeddingSharding[comm.JaggedExchange]):
         if self.reduce_scatter:
             partial = _place_columns(local, self.my_columns, self.layout.output_dim)  # (Bg, D)
             return comm.reduce_scatter_rows(partial, batch_per_rank, self.group,
-                                            self.grad_scale)
+                                            self.grad_scale, self.dist_buffers)
         if self.placement is not None:
             return comm.pooled_all_to_all(local, batch_per_rank, self.widths, self.group,
-                                          self.grad_scale, self.placement)     # (B, D)
+                                          self.grad_scale, self.placement,
+                                          self.dist_buffers)                    # (B, D)
         received = comm.pooled_all_to_all(local, batch_per_rank, self.widths, self.group,
                                           self.grad_scale)                     # (B, sum W)
         out = received.new_zeros(batch, self.layout.output_dim)

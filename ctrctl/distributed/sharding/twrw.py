@@ -56,6 +56,8 @@ class TwrwSharding(RwSharding):
                             where="table_row_wise")
         self.local, self.hosts = local, world // local
         self.host, self.local_rank = divmod(self.rank, local)
+        # memory the two stages of the output dist reuse between steps
+        self.host_buffers, self.cross_buffers = comm.OutputDistBuffers(), comm.OutputDistBuffers()
         layout = self.layout
         table_host = []
         for table, ps in zip(self.tables, self.shardings, strict=True):
@@ -113,7 +115,8 @@ class TwrwSharding(RwSharding):
             partial = _place_columns(local, self.host_columns, width)         # (Bg, D_h)
             if rows is not None:
                 partial = partial.index_select(0, rows)
-            summed = comm.reduce_scatter_rows(partial, chunk, self.host_group)  # (chunk_l, D_h)
+            summed = comm.reduce_scatter_rows(partial, chunk, self.host_group,  # (chunk_l, D_h)
+                                              buffers=self.host_buffers)
         else:
             summed = local.new_zeros(chunk[self.local_rank], 0,
                                      requires_grad=torch.is_grad_enabled())
@@ -125,7 +128,8 @@ class TwrwSharding(RwSharding):
             batches = [batch_per_rank[h * self.local + self.local_rank]
                        for h in range(self.hosts)]
             received = comm.pooled_all_to_all(summed, batches, self.host_widths,
-                                              self.cross_group, self.grad_scale)
+                                              self.cross_group, self.grad_scale,
+                                              buffers=self.cross_buffers)
         if self.place_identity:
             return received
         return received.index_select(1, self.place_columns)                   # (B, D)

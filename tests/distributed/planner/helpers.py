@@ -52,8 +52,13 @@ def assert_plan_respects(result: PlanResult, tables: list[TableSpec], topo: Topo
             state = {"sgd": 0, "rowwise_adagrad": s.rows, "adagrad": s.rows * s.cols,
                      "adam": 2 * s.rows * s.cols}[table.optimizer] * 4
             cached = ps.compute_kernel in ("fused_uvm_caching", "fused_uvm")
-            if topo.device == "cpu" or not cached:
-                weights[s.rank] += s.rows * s.cols * table.element_bytes + state
+            full = s.rows * s.cols * table.element_bytes + state
+            if ps.compute_kernel == "fused_cached":  # CPU: its cache's share in DRAM
+                clf = (ps.cache_load_factor if ps.cache_load_factor is not None
+                       else topo.cache_load_factor)
+                weights[s.rank] += clf * full
+            elif topo.device == "cpu" or not cached:
+                weights[s.rank] += full
     capacity = topo.ddr_available if topo.device == "cpu" else topo.hbm_available
     for rank, used in weights.items():
         assert used <= capacity + 1, (rank, used / GIB, capacity / GIB)
