@@ -39,6 +39,7 @@ from ctrctl.modules.embedding_modules import EmbeddingBagCollection
 from ctrctl.modules.interaction import (
     DCNInteraction,
     DotInteraction,
+    InteractionBuffers,
     InteractionKernel,
     native_pairwise_dot,
     use_native_interaction,
@@ -77,6 +78,7 @@ class SparseDotInteraction(nn.Module):
         rows, cols = torch.triu_indices(n, n, offset=1)
         self.pair_index: torch.Tensor
         self.register_buffer("pair_index", rows * n + cols, persistent=False)
+        self.native_buffers = InteractionBuffers()  # the C kernel's memory, reused
 
     def unpadded_dim(self, embedding_dim: int) -> int:
         n = self.num_sparse_features
@@ -88,7 +90,7 @@ class SparseDotInteraction(nn.Module):
     def forward(self, sparse: torch.Tensor) -> torch.Tensor:
         """(B, F, D) -> (B, F (F - 1) / 2 [+ zero padding])."""
         if use_native_interaction(self.kernel, sparse):
-            return native_pairwise_dot(None, sparse, self.output_dim(0))
+            return native_pairwise_dot(None, sparse, self.output_dim(0), self.native_buffers)
         batch, n, _ = sparse.shape
         gram = torch.bmm(sparse, sparse.transpose(1, 2))  # (B, F, F)
         pairs = gram.reshape(batch, n * n).index_select(1, self.pair_index)

@@ -162,3 +162,30 @@ def test_a_second_derivative_is_refused() -> None:
     (grad,) = torch.autograd.grad(plain, sparse, upstream, create_graph=True)
     grad.sum().backward()  # torch's ops: fine
     assert upstream.grad is not None
+
+
+def test_memory_is_reused_between_steps_and_results_stay_the_same() -> None:
+    """The module's output and gradients come back in the previous step's memory when
+    nothing holds it; held tensors are never overwritten."""
+    interaction = DotInteraction(5, pad_to=4)
+    gen = torch.Generator().manual_seed(0)
+    steps = [(torch.randn(7, 8, generator=gen), torch.randn(7, 5, 8, generator=gen))
+             for _ in range(3)]
+    ptrs, kept = [], []
+    for i, (dense, sparse) in enumerate(steps):
+        d, s = dense.clone().requires_grad_(), sparse.clone().requires_grad_()
+        out = interaction(d, s)
+        out.backward(torch.ones_like(out))
+        assert s.grad is not None
+        ptrs.append((out.data_ptr(), s.grad.data_ptr()))
+        if i == 0:
+            kept = [out.detach(), s.grad]  # held: step 1 must use other memory
+        d2, s2 = dense.clone().requires_grad_(), sparse.clone().requires_grad_()
+        ref = DotInteraction(5, pad_to=4, kernel="torch")(d2, s2)
+        ref.backward(torch.ones_like(ref))
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(s.grad, s2.grad)
+        del out, d, s
+    assert ptrs[1][0] != ptrs[0][0] and ptrs[1][1] != ptrs[0][1]
+    assert ptrs[2] == ptrs[1]  # step 1's output and gradient were free again
+    torch.testing.assert_close(kept[0], DotInteraction(5, pad_to=4, kernel="torch")(*steps[0]))
