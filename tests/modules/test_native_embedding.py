@@ -205,16 +205,18 @@ def test_large_tables_go_on_huge_pages_and_train_as_plain_torch(
     """Buffers past HUGE_PAGE_MIN_BYTES are advised (and collapsed) once, not every step;
     the weights, their values and the training are unchanged by it."""
     import ctrctl.modules.native_embedding as native
+    from ctrctl.modules import buffers
 
-    calls: list[tuple[int, int, int]] = []
-    advise = native._ext.advise_huge_pages
+    calls: list[tuple[int, int, bool]] = []
+    advise = buffers.advise_huge_pages
 
-    def spy(address: int, nbytes: int, collapse: int) -> bool:
-        calls.append((address, nbytes, collapse))
-        return bool(advise(address, nbytes, collapse))
+    def spy(tensor: torch.Tensor, collapse: bool = False) -> bool:
+        calls.append((tensor.data_ptr(), tensor.numel() * tensor.element_size(), collapse))
+        return advise(tensor, collapse)
 
-    monkeypatch.setattr(native._ext, "advise_huge_pages", spy)
-    rows, dim = (native.HUGE_PAGE_MIN_BYTES // (dim_bytes := 64 * 4)) + 1000, 64
+    monkeypatch.setattr(native, "advise_huge_pages", spy)
+    dim = 64
+    rows = buffers.HUGE_PAGE_MIN_BYTES // (dim * 4) + 1000
     gen = torch.Generator().manual_seed(0)
     start = torch.randn(rows, dim, generator=gen)
     optimizer = EmbeddingOptimizerConfig(kind="exact_adagrad", lr=0.1, eps=1e-3)
@@ -230,6 +232,20 @@ def test_large_tables_go_on_huge_pages_and_train_as_plain_torch(
     torch.testing.assert_close(bags["native"].split_weights()[0],
                                bags["torch"].split_weights()[0])
     weight = bags["native"].kernel.flat_weights[0]  # type: ignore[attr-defined]
-    assert (weight.data_ptr(), rows * dim_bytes, 1) in calls  # the table, collapsed
+    assert (weight.data_ptr(), rows * dim * 4, True) in calls  # the table, collapsed
     assert len(calls) == 2  # table and state, once (the addresses did not change)
-    assert all(nbytes >= native.HUGE_PAGE_MIN_BYTES for _, nbytes, _ in calls)
+
+
+def test_advise_huge_pages_keeps_values_and_skips_small_tensors() -> None:
+    from ctrctl.modules.buffers import HUGE_PAGE_MIN_BYTES, advise_huge_pages
+
+    small = torch.randn(100)
+    assert advise_huge_pages(small) is False
+    big = torch.randn(HUGE_PAGE_MIN_BYTES // 4 + 12345)
+    before = big.clone()
+    advised = advise_huge_pages(big, collapse=True)
+    assert torch.equal(big, before)
+    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+    import os
+    if os.path.exists(thp) and "[never]" not in open(thp).read():
+        assert advised  # Linux with huge pages available: the advice is taken
