@@ -10,8 +10,9 @@ short microbenchmarks here (under a minute) and writes ``topology.json``:
   the measured seconds, so the model reproduces the measurement. Without
   fbgemm_gpu, ``torch.nn.EmbeddingBag`` with a sparse update stands in.
 * **memory bandwidth**: a large tensor copy.
-* **collectives**: ``all_to_all_single``, ``reduce_scatter_tensor``,
-  ``all_gather_into_tensor`` and ``all_reduce`` between two local processes over gloo at
+* **collectives**: ``all_to_all_single``, the reduce-scatter and all-gather as
+  ``ctrctl.distributed.comm`` runs them on gloo (through one all-to-all each), and
+  ``all_reduce`` between two local processes over gloo at
   64 KiB to 8 MiB; a line through the times gives each one's fixed latency and bandwidth
   (in the cost model's own convention for each collective).
 * **sharding types**, from the sharded module itself on two ranks: the fixed cost per step
@@ -184,6 +185,24 @@ def measure_memory_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
 COLLECTIVE_SIZES = (64 * 2**10, 512 * 2**10, 2 * 2**20, 8 * 2**20)
 
 
+# What ctrctl.distributed.comm runs on gloo (its row-wise output distribution): the
+# reduce-scatter as one all-to-all plus a local sum, the all-gather as one all-to-all of the
+# rank's block repeated (gloo's own collectives are several times slower).
+def _reduce_scatter_as_all_to_all(x: Any, recv: Any, out: Any, world_size: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.all_to_all_single(recv, x)
+    torch.sum(recv.view(world_size, -1), dim=0, out=out)
+
+
+def _all_gather_as_all_to_all(x: Any, send: Any, out: Any, world_size: int) -> None:
+    import torch.distributed as dist
+
+    send.view(world_size, -1).copy_(x.expand(world_size, -1))
+    dist.all_to_all_single(out, send)
+
+
 def _collective_body(rank: int, world_size: int, sizes: tuple[int, ...], repeats: int
                      ) -> dict[str, float]:
     """Run in each of two processes: seconds of each collective at each size."""
@@ -194,20 +213,21 @@ def _collective_body(rank: int, world_size: int, sizes: tuple[int, ...], repeats
         dist.barrier()
         return _fastest_time(fn, repeats)
 
-    # torch 2.13 renames the tensor forms; older torch has only the old names.
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     out: dict[str, float] = {}
     for nbytes in sizes:
         numel = nbytes // 4
         x = torch.ones(numel)
         a2a_out = torch.empty_like(x)
         rs_out = torch.empty(numel // world_size)
+        ag_send = torch.empty(numel * world_size)
         ag_out = torch.empty(numel * world_size)
+
         calls: dict[str, Callable[[], Any]] = {
             "all_to_all": functools.partial(dist.all_to_all_single, a2a_out, x),
-            "reduce_scatter": functools.partial(reduce_scatter, rs_out, x),
-            "all_gather": functools.partial(all_gather, ag_out, x),
+            "reduce_scatter": functools.partial(_reduce_scatter_as_all_to_all, x, a2a_out,
+                                                rs_out, world_size),
+            "all_gather": functools.partial(_all_gather_as_all_to_all, x, ag_send, ag_out,
+                                            world_size),
             "all_reduce": functools.partial(dist.all_reduce, x),
         }
         for name, call in calls.items():
