@@ -83,19 +83,19 @@ INLINE void add(float *restrict y, const float *restrict x, int64_t n) {
  * need them, so the misses overlap. Forward: the rows of the next sample's bag of the same
  * feature, into L2; the update: the weight row, the row's state and the gradient rows of
  * the ids PREFETCH_IDS ahead. Measured on bench_train's 26 x 100k x 64 at one thread, on
- * huge pages: lookup 8.3-8.6 -> 6.5-6.8 ms, update 22.6 -> 14.9 ms (without huge pages the
- * lookup's prefetch gained nothing: page walks were the limit). */
+ * huge pages: lookup 8.3-8.6 -> 6.5-6.8 ms, update 22.6 -> 10.7-12.5 ms (without huge pages
+ * the lookup's prefetch gained nothing: page walks were the limit). */
 #define PREFETCH_IDS 16
-enum { PREFETCH_READ, PREFETCH_WRITE, PREFETCH_READ_L2 };
+enum { PREFETCH_READ, PREFETCH_WRITE };
+/* Into L2 (prefetcht2 / prefetchw): into L1 the update was 10-18% slower, its 16 ids x 9 lines
+ * ahead being more than L1's fill buffers hold. */
 INLINE void prefetch_row(const void *p, int64_t bytes, int mode) {
     const char *c = (const char *)p;
     for (int64_t off = 0; off < bytes; off += 64) {
         if (mode == PREFETCH_WRITE)
-            __builtin_prefetch(c + off, 1, 3);
-        else if (mode == PREFETCH_READ_L2)
-            __builtin_prefetch(c + off, 0, 1);
+            __builtin_prefetch(c + off, 1, 1);
         else
-            __builtin_prefetch(c + off, 0, 3);
+            __builtin_prefetch(c + off, 0, 1);
     }
 }
 
@@ -115,7 +115,7 @@ CLONES static void forward_task(void *arg, int thread, int nthreads) {
             if (b + 1 < b1) /* the next sample's rows of this table, into L2 */
                 for (int64_t i = bt->offsets[k + 1]; i < bt->offsets[k + 2]; i++) {
                     const int64_t id = bt->indices[i];
-                    if (id >= 0 && id < rows) prefetch_row(W + id * D, D * 4, PREFETCH_READ_L2);
+                    if (id >= 0 && id < rows) prefetch_row(W + id * D, D * 4, PREFETCH_READ);
                 }
             memset(o, 0, (size_t)D * sizeof(float));
             if (e < s) fw->decreasing[thread] = 1;
