@@ -9,11 +9,34 @@
 
 All are optional: where no C compiler is available the build skips them and ctrctl runs
 on its polars path, its plain-torch or FBGEMM embedding kernels and torch's interaction.
+The two kernels are built with OpenMP where the compiler has it (their threads are then
+torch's own OpenMP threads: libgomp.so.1 is the library torch loads), with pthreads where it
+does not.
 """
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+OPENMP = "-fopenmp"
+
+
+class BuildExt(build_ext):
+    """Builds an extension that asks for OpenMP without it when the compiler has none."""
+
+    def build_extension(self, ext: Extension) -> None:
+        if OPENMP in ext.extra_compile_args:
+            try:
+                super().build_extension(ext)
+                return
+            except Exception as exc:  # CompileError / LinkError: no OpenMP here
+                print(f"building {ext.name} without OpenMP ({exc})")
+                ext.extra_compile_args = [a for a in ext.extra_compile_args if a != OPENMP]
+                ext.extra_link_args = [a for a in ext.extra_link_args if a != OPENMP]
+        super().build_extension(ext)
+
 
 setup(
+    cmdclass={"build_ext": BuildExt},
     ext_modules=[
         Extension(
             "ctrctl.data._fastparse",
@@ -27,8 +50,9 @@ setup(
             # -fno-math-errno lets sqrtf vectorize; -ffp-contract=off rounds as torch
             # does; target_clones in the source picks AVX-512 / AVX2 / baseline loops at
             # load time, so no -march here.
-            extra_compile_args=["-O3", "-fno-math-errno", "-ffp-contract=off", "-pthread"],
-            extra_link_args=["-pthread"],
+            extra_compile_args=["-O3", "-fno-math-errno", "-ffp-contract=off", "-pthread",
+                                OPENMP],
+            extra_link_args=["-pthread", OPENMP],
             depends=["ctrctl/modules/_native_threads.h"],
             optional=True,
         ),
@@ -36,8 +60,8 @@ setup(
             "ctrctl.modules._interaction_kernel",
             sources=["ctrctl/modules/_interaction_kernel.c"],
             # Contraction stays on: FMA where the CPU has it (no bitwise match to keep).
-            extra_compile_args=["-O3", "-Wno-psabi", "-pthread"],
-            extra_link_args=["-pthread"],
+            extra_compile_args=["-O3", "-Wno-psabi", "-pthread", OPENMP],
+            extra_link_args=["-pthread", OPENMP],
             depends=["ctrctl/modules/_native_threads.h"],
             optional=True,
         ),

@@ -24,9 +24,9 @@
  *               them), then updates each row once. With per-sample weights it also returns
  *               d loss / d weight per id, from the weights before the update.
  *
- * Threads: pthreads, as many as the caller says (torch.get_num_threads()), started per call
- * and joined before returning: no second OpenMP runtime beside torch's. Forward splits the
- * batch by samples, the update by distinct rows (each row belongs to one thread, so no
+ * Threads: as many as the caller says (torch.get_num_threads()), torch's own OpenMP threads
+ * where the build has OpenMP, pthreads per call elsewhere (_native_threads.h). Forward splits
+ * the batch by samples, the update by distinct rows (each row belongs to one thread, so no
  * locks). The GIL is released while working.
  *
  * The inner loops are built for AVX-512, AVX2+FMA and plain x86-64 (GCC/Clang target_clones:

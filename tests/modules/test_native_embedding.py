@@ -249,3 +249,18 @@ def test_advise_huge_pages_keeps_values_and_skips_small_tensors() -> None:
     import os
     if os.path.exists(thp) and "[never]" not in open(thp).read():
         assert advised  # Linux with huge pages available: the advice is taken
+
+
+def test_one_openmp_runtime_in_the_process() -> None:
+    """The kernels' threads are torch's OpenMP threads: loading them adds no second
+    libgomp/libomp beside the one torch loaded (Linux, where /proc/self/maps says)."""
+    import os
+
+    import ctrctl.modules.interaction  # noqa: F401  (loads the other kernel)
+
+    if not os.path.exists("/proc/self/maps"):
+        pytest.skip("no /proc/self/maps here")
+    with open("/proc/self/maps") as maps:
+        runtimes = {line.split()[-1] for line in maps
+                    if any(name in line for name in ("libgomp", "libomp", "libiomp"))}
+    assert len(runtimes) <= 1, runtimes
