@@ -98,11 +98,14 @@ def _wait_for_temp(tmp_path: Path, proc: subprocess.Popen[str]) -> Path:
     [signal.SIGKILL, signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
 )
 def test_killed_run_leaves_no_output(tmp_path: Path, criteo_8k: Path, sig: int) -> None:
-    src = big_input(tmp_path / "big.tsv", criteo_8k / "train.csv", 40)  # 288,000 rows
+    # 720,000 rows: the native path takes about a second on them, so the signal lands
+    # mid-run (at 288,000 rows a fast run could finish before it).
+    src = big_input(tmp_path / "big.tsv", criteo_8k / "train.csv", 100)
     out = tmp_path / "ds"
     proc = _start(tmp_path, src, out)
     temp = _wait_for_temp(tmp_path, proc)
-    time.sleep(0.2)
+    time.sleep(0.1)
+    assert proc.poll() is None, "the run finished before the signal: make the input larger"
     os.kill(proc.pid, sig)
     proc.communicate(timeout=60)
     assert proc.returncode != 0
@@ -116,5 +119,5 @@ def test_killed_run_leaves_no_output(tmp_path: Path, criteo_8k: Path, sig: int) 
     assert not temp.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.tsv", "ds"]
     manifest = DatasetManifest.load(out)
-    assert manifest.splits["train"].rows == 288_000
-    assert pl.scan_parquet(out / "train" / "*.parquet").select(pl.len()).collect().item() == 288_000
+    assert manifest.splits["train"].rows == 720_000
+    assert pl.scan_parquet(out / "train" / "*.parquet").select(pl.len()).collect().item() == 720_000
