@@ -28,19 +28,13 @@ typedef void (*task_fn)(void *ctx, int thread, int nthreads);
 
 #ifdef _OPENMP
 #include <omp.h>
-/* Run fn on nthreads threads of the OpenMP runtime torch already runs (the extension links
+/* nthreads >= 2 threads of the OpenMP runtime torch already runs (the extension links
  * libgomp.so.1, the same library torch loads, so there is one thread pool): its workers are
  * the ones that would otherwise keep spinning after torch's last parallel op, competing with
  * threads of our own for the cores (measured: the interaction and the embedding update took
  * 1.5-1.8x longer inside a 2-thread training step than alone). Each thread's share comes
  * from the count that actually runs. */
-static void run_parallel(task_fn fn, void *ctx, int nthreads) {
-    if (nthreads < 1) nthreads = 1;
-    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
-    if (nthreads == 1) {
-        fn(ctx, 0, 1);
-        return;
-    }
+static void run_team(task_fn fn, void *ctx, int nthreads) {
 #pragma omp parallel num_threads(nthreads)
     fn(ctx, omp_get_thread_num(), omp_get_num_threads());
 }
@@ -57,15 +51,9 @@ static void *task_main(void *arg) {
     return NULL;
 }
 
-/* Run fn on nthreads threads (the calling one included); falls back to fewer when a thread
- * cannot start, each thread's share being recomputed from the count that runs. */
-static void run_parallel(task_fn fn, void *ctx, int nthreads) {
-    if (nthreads < 1) nthreads = 1;
-    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
-    if (nthreads == 1) {
-        fn(ctx, 0, 1);
-        return;
-    }
+/* nthreads >= 2 pthreads (the calling one included); the shares of threads that cannot
+ * start run on the calling thread (each share once: the update must not run twice). */
+static void run_team(task_fn fn, void *ctx, int nthreads) {
     pthread_t ids[MAX_THREADS];
     Task tasks[MAX_THREADS];
     for (int t = 0; t < nthreads; t++) tasks[t] = (Task){fn, ctx, t, nthreads};
@@ -74,15 +62,22 @@ static void run_parallel(task_fn fn, void *ctx, int nthreads) {
         if (pthread_create(&ids[t], NULL, task_main, &tasks[t]) != 0) break;
         started = t;
     }
-    if (started < nthreads - 1) { /* could not start them all: run the work on fewer */
-        for (int t = 1; t <= started; t++) pthread_join(ids[t], NULL);
+    for (int t = started + 1; t < nthreads; t++) fn(ctx, t, nthreads);
+    fn(ctx, 0, nthreads);
+    for (int t = 1; t <= started; t++) pthread_join(ids[t], NULL);
+}
+#endif
+
+/* Run fn on nthreads threads (the calling one included). */
+static void run_parallel(task_fn fn, void *ctx, int nthreads) {
+    if (nthreads < 1) nthreads = 1;
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    if (nthreads == 1) {
         fn(ctx, 0, 1);
         return;
     }
-    fn(ctx, 0, nthreads);
-    for (int t = 1; t < nthreads; t++) pthread_join(ids[t], NULL);
+    run_team(fn, ctx, nthreads);
 }
-#endif
 
 static inline void share(int64_t n, int thread, int nthreads, int64_t *lo, int64_t *hi) {
     *lo = n * thread / nthreads;
