@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from ctrctl.errors import CtrctlError, DistributedError
-from ctrctl.modules.buffers import ReusableBuffer
+from ctrctl.modules.buffers import ReusableBuffer, reusable_empty
 
 logger = logging.getLogger(__name__)
 
@@ -418,17 +418,6 @@ class OutputDistBuffers:
         self.backward_send = ReusableBuffer()
         self.backward_out = ReusableBuffer()
 
-    def get(self, name: str, like: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-        buffer: ReusableBuffer = getattr(self, name)
-        if like.device.type != "cpu":  # (the page-fault cost is the CPU's)
-            return like.new_empty(tuple(shape))
-        return buffer.get(shape, like.dtype)
-
-
-def _empty(buffers: OutputDistBuffers | None, name: str, like: torch.Tensor,
-           shape: Sequence[int]) -> torch.Tensor:
-    return buffers.get(name, like, shape) if buffers is not None else like.new_empty(tuple(shape))
-
 
 def _is_gloo(group: ProcessGroup | None) -> bool:
     return bool(dist.get_backend(group) == "gloo")
@@ -478,7 +467,7 @@ class _PooledAllToAll(torch.autograd.Function):
         in_splits = [b * width for b in batch_per_rank]
         out_splits = [batch_per_rank[me] * w for w in width_per_rank]
         flat = local.contiguous().view(-1)
-        out = _empty(buffers, "forward_recv", flat, (sum(out_splits),))
+        out = reusable_empty(buffers.forward_recv if buffers else None, (sum(out_splits),), flat)
         with collective("output distribution (pooled all-to-all)"):
             dist.all_to_all_single(out, flat, out_splits, in_splits, group=group)
         ctx.save_for_backward()
@@ -490,7 +479,7 @@ class _PooledAllToAll(torch.autograd.Function):
         if placement is None:  # (B_me, W_r) from each rank r, side by side: (B_me, sum_r W_r)
             return torch.cat(blocks, dim=1)
         out_width, runs = placement
-        placed = _empty(buffers, "forward_out", out, (batch, out_width))
+        placed = reusable_empty(buffers.forward_out if buffers else None, (batch, out_width), out)
         for block, block_runs in zip(blocks, runs, strict=True):
             for source, target, w in block_runs:
                 placed[:, target : target + w].copy_(block[:, source : source + w])
@@ -503,13 +492,14 @@ class _PooledAllToAll(torch.autograd.Function):
         if placement is None:
             send = torch.cat([p.contiguous().view(-1) for p in grad.split(widths, dim=1)])
         else:
-            send = _empty(buffers, "backward_send", grad, (sum(out_splits),))
+            send = reusable_empty(buffers.backward_send if buffers else None,
+                                  (sum(out_splits),), grad)
             for piece, w, block_runs in zip(send.split(out_splits), widths, placement[1],
                                             strict=True):
                 block = piece.view(batch, w)
                 for source, target, n in block_runs:
                     block[:, source : source + n].copy_(grad[:, target : target + n])
-        recv = _empty(buffers, "backward_out", send, (sum(in_splits),))
+        recv = reusable_empty(buffers.backward_out if buffers else None, (sum(in_splits),), send)
         with collective("backward of the output distribution (pooled all-to-all)"):
             dist.all_to_all_single(recv, send, in_splits, out_splits, group=group)
         recv = recv.view(shape)
@@ -576,12 +566,14 @@ class _ReduceScatterRows(torch.autograd.Function):
         # The same sum as an all-to-all of rows plus a local sum, in rank order.
         in_splits = [b * width for b in batch_per_rank]
         world = len(batch_per_rank)
-        recv = _empty(buffers, "forward_recv", partial, (world * batch_per_rank[me] * width,))
+        recv = reusable_empty(buffers.forward_recv if buffers else None,
+                              (world * batch_per_rank[me] * width,), partial)
         with collective("output distribution (reduce-scatter)"):
             dist.all_to_all_single(recv, partial.view(-1), [in_splits[me]] * world, in_splits,
                                    group=group)
         parts = recv.view(world, batch_per_rank[me], width)
-        out = _empty(buffers, "forward_out", partial, (batch_per_rank[me], width))
+        out = reusable_empty(buffers.forward_out if buffers else None,
+                             (batch_per_rank[me], width), partial)
         torch.sum(parts, dim=0, out=out)
         return out
 
@@ -601,13 +593,14 @@ class _ReduceScatterRows(torch.autograd.Function):
         world = len(batch_per_rank)
         out_splits = [b * width for b in batch_per_rank]
         mine = batch_per_rank[me] * width
-        send = _empty(buffers, "backward_send", grad, (world, batch_per_rank[me], width))
+        send = reusable_empty(buffers.backward_send if buffers else None,
+                              (world, batch_per_rank[me], width), grad)
         for r in range(world):  # my rows' gradient for every rank, scaled on the way
             if grad_scale != 1.0:
                 torch.mul(grad, grad_scale, out=send[r])
             else:
                 send[r].copy_(grad)
-        full = _empty(buffers, "backward_out", grad, (sum(out_splits),))
+        full = reusable_empty(buffers.backward_out if buffers else None, (sum(out_splits),), grad)
         with collective("backward of the output distribution (all-gather)"):
             dist.all_to_all_single(full, send.view(-1), out_splits, [mine] * world,
                                    group=group)

@@ -105,6 +105,11 @@ class ReusableBuffer:
         return torch.empty(0, dtype=dtype, device=self.device).set_(
             owner.untyped_storage(), 0, tuple(shape), tuple(stride))
 
-    def release(self) -> None:
-        """Drop the memory (tensors handed out keep theirs)."""
-        self._owner = None
+
+def reusable_empty(buffer: ReusableBuffer | None, shape: Sequence[int],
+                   like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised tensor of ``shape`` and ``like``'s dtype: from ``buffer`` on the CPU
+    (where fresh memory costs page faults), new memory without a buffer or elsewhere."""
+    if buffer is None or like.device.type != "cpu":
+        return like.new_empty(tuple(shape))
+    return buffer.get(shape, like.dtype)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ctrctl.errors import ConfigError
-from ctrctl.modules.buffers import ReusableBuffer
+from ctrctl.modules.buffers import ReusableBuffer, reusable_empty
 
 try:
     from ctrctl.modules import _interaction_kernel as _ext  # type: ignore[attr-defined]
@@ -69,11 +69,6 @@ def native_pairwise_dot(dense: torch.Tensor | None, sparse: torch.Tensor, width:
     return out
 
 
-def _empty(buffer: ReusableBuffer | None, shape: tuple[int, ...], like: torch.Tensor
-           ) -> torch.Tensor:
-    return buffer.get(shape, like.dtype) if buffer is not None else like.new_empty(shape)
-
-
 class _NativePairwiseDot(torch.autograd.Function):
     """The dot interaction on CPU in C: [dense, pairs, zero padding] of ``width`` columns.
 
@@ -91,7 +86,7 @@ class _NativePairwiseDot(torch.autograd.Function):
         sparse = sparse.contiguous()
         dense = dense.contiguous() if dense is not None else None
         batch, features, dim = sparse.shape
-        out = _empty(buffers.out if buffers else None, (batch, width), sparse)
+        out = reusable_empty(buffers.out if buffers else None, (batch, width), sparse)
         _ext.forward(batch, features, dim, dense.data_ptr() if dense is not None else 0,
                      sparse.data_ptr(), out.data_ptr(), width, torch.get_num_threads())
         ctx.save_for_backward(dense, sparse)
@@ -106,10 +101,10 @@ class _NativePairwiseDot(torch.autograd.Function):
         buffers: InteractionBuffers | None = ctx.buffers
         grad = grad.contiguous()
         batch, features, dim = sparse.shape
-        grad_sparse = _empty(buffers.grad_sparse if buffers else None, tuple(sparse.shape),
-                             sparse)
-        grad_dense = (_empty(buffers.grad_dense if buffers else None, tuple(dense.shape), dense)
-                      if dense is not None else None)
+        grad_sparse = reusable_empty(buffers.grad_sparse if buffers else None, sparse.shape,
+                                     sparse)
+        grad_dense = (reusable_empty(buffers.grad_dense if buffers else None, dense.shape,
+                                     dense) if dense is not None else None)
         _ext.backward(batch, features, dim, dense.data_ptr() if dense is not None else 0,
                       sparse.data_ptr(), grad.data_ptr(), grad.size(1),
                       grad_dense.data_ptr() if grad_dense is not None else 0,
