@@ -3,12 +3,13 @@
 TorchRec's planner uses fixed constants; ``ctrctl plan --calibrate`` replaces them with
 short microbenchmarks here (under a minute) and writes ``topology.json``:
 
-* **embedding kernels**: FBGEMM's training TBE (``SplitTableBatchedEmbeddingBagsCodegen``,
-  CPU, exact row-wise Adagrad fused into backward) forward and backward+update, per
-  embedding dim, on a table that fits the caches (1 MiB) and on one that does not (64 MiB);
-  the figure stored is bytes the cost model counts (ids + rows read + pooled output) over
-  the measured seconds, so the model reproduces the measurement. Without
-  fbgemm_gpu, ``torch.nn.EmbeddingBag`` with a sparse update stands in.
+* **embedding kernels**: the kernel a CPU run trains with (``BatchedEmbeddingBag`` with
+  ``backend="auto"``, as the sharded module builds it: the native C kernel where it was
+  built, else FBGEMM's training TBE or plain torch; exact row-wise Adagrad fused into
+  backward), forward and backward+update, per embedding dim, on a table that fits the
+  caches (1 MiB) and on one that does not (64 MiB); the figure stored is bytes the cost
+  model counts (ids + rows read + pooled output) over the measured seconds, so the model
+  reproduces the measurement.
 * **memory bandwidth**: a large tensor copy.
 * **collectives**: ``all_to_all_single``, the reduce-scatter and all-gather as
   ``ctrctl.distributed.comm`` runs them on gloo (through one all-to-all each), and
@@ -48,6 +49,8 @@ from ctrctl.errors import OutputExistsError
 
 logger = logging.getLogger(__name__)
 
+#: The optimizer the kernel benchmark fuses into backward (the sharded module's default).
+CALIBRATION_OPTIMIZER = "exact_rowwise_adagrad"
 #: Embedding dims the kernel benchmark covers (others are interpolated in log2(dim)).
 CALIBRATION_DIMS = (16, 32, 64, 128, 256)
 
@@ -64,12 +67,12 @@ def _fastest_time(fn: Callable[[], Any], repeats: int, warmup: int = 2) -> float
     return min(times)
 
 
-def _timed_lookup(lookup: tuple[Callable[[], Any], Callable[[], None], int], dim: int,
+def _timed_lookup(lookup: tuple[Callable[[], Any], int], dim: int,
                   repeats: int) -> tuple[float, float]:
     """The fastest forward and backward(+update) of ``repeats`` (after two warm-ups)."""
     import torch
 
-    forward, step, batch = lookup
+    forward, batch = lookup
     with torch.no_grad():
         fwd = _fastest_time(forward, repeats)
     grad = torch.ones(batch, dim)
@@ -77,51 +80,32 @@ def _timed_lookup(lookup: tuple[Callable[[], Any], Callable[[], None], int], dim
     for i in range(repeats + 2):  # two warm-up steps
         out = forward()
         start = time.perf_counter()
-        out.backward(grad)
-        step()
+        out.backward(grad)  # the optimizer step is fused into it
         if i >= 2:
             backward_times.append(time.perf_counter() - start)
     return fwd, min(backward_times)
 
 
-def _tbe_lookup(dim: int, rows: int, batch: int, pooling: int
-                ) -> tuple[Callable[[], Any], Callable[[], None], int]:
-    """One table's lookup (forward), its optimizer step (a no-op where the update is fused
-    into backward) and the batch, on fixed random ids."""
+def _kernel_lookup(dim: int, rows: int, batch: int, pooling: int
+                   ) -> tuple[Callable[[], Any], int]:
+    """One table's lookup (forward; its backward applies the update) and the batch, on
+    fixed random ids, in the kernel a CPU run trains with (``backend="auto"``: the native C
+    kernel where it was built, else FBGEMM's or torch's)."""
     import torch
+
+    from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
+    from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 
     torch.manual_seed(0)
     ids = torch.randint(0, rows, (batch * pooling,), dtype=torch.int64)
     offsets = torch.arange(0, batch * pooling + 1, pooling, dtype=torch.int64)
-    try:
-        from fbgemm_gpu.split_embedding_configs import EmbOptimType
-        from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
-        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-            ComputeDevice,
-            SplitTableBatchedEmbeddingBagsCodegen,
-        )
+    module = BatchedEmbeddingBag([(rows, dim)], device="cpu", backend="auto",
+                                 optimizer=EmbeddingOptimizerConfig(kind=CALIBRATION_OPTIMIZER))
 
-        module: Any = SplitTableBatchedEmbeddingBagsCodegen(
-            [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
-            optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.01)
+    def forward() -> Any:
+        return module(ids, offsets)
 
-        def forward() -> Any:
-            return module(ids, offsets)
-    except ImportError:  # a torch without fbgemm_gpu: the plain kernel stands in
-        bag = torch.nn.EmbeddingBag(rows, dim, mode="sum", sparse=True)
-        optimizer = torch.optim.SGD(bag.parameters(), lr=0.01)
-        module = bag
-
-        def forward() -> Any:
-            return bag(ids, offsets[:-1])
-
-        def step() -> None:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    else:
-        def step() -> None:
-            return None
-    return forward, step, batch
+    return forward, batch
 
 
 @dataclass
@@ -149,7 +133,7 @@ def measure_kernels(dims: tuple[int, ...] = CALIBRATION_DIMS,
     a large table: the fastest of ``rounds`` passes over them (a burst of other work on the
     machine then spoils one pass of one case, not the figure)."""
     cases = [(dim, size) for size in table_bytes for dim in dims]
-    lookups = {(dim, size): _tbe_lookup(dim, max(int(size) // (dim * 4), 1), batch, pooling)
+    lookups = {(dim, size): _kernel_lookup(dim, max(int(size) // (dim * 4), 1), batch, pooling)
                for dim, size in cases}
     best = {case: (math.inf, math.inf) for case in cases}
     for _ in range(rounds):
@@ -431,8 +415,12 @@ def measure_sharding_types(topology: Topology, steps: int = 10, rounds: int = 2,
         return rate_plan(one_rank, pinned, topo, bulk_batch).step_time
 
     # More parallelism makes the spread runs cheaper, so the fitted handling dearer, so the
-    # one-rank run's estimate longer: the estimate rises with the figure.
-    low, high = 0.5, 2.0
+    # one-rank run's estimate longer: the estimate rises with the figure from 1 on. (Below
+    # one rank's worth the host bound would charge the lone busy rank of the one-rank run
+    # more than its own work: that estimate falls as the figure rises, and a search from
+    # there stopped at its floor, doubling every later estimate.) A host does at least one
+    # rank's work at a time.
+    low, high = 1.0, 2.0
     one_rank_time = times[-1]
     if one_rank_estimate(high) <= one_rank_time:
         parallel = None  # no sign of ranks slowing each other
@@ -538,9 +526,13 @@ def calibrate(path: str | Path | None = None, overwrite: bool = False,
 
 
 def _kernel_name() -> str:
-    try:
-        import fbgemm_gpu  # noqa: F401
+    """The kernel :func:`measure_kernels` times, as ``topology.json`` records it."""
+    import torch
 
-        return "fbgemm SplitTableBatchedEmbeddingBagsCodegen (cpu, exact_rowwise_adagrad)"
-    except ImportError:
-        return "torch.nn.EmbeddingBag (sparse, sgd)"
+    from ctrctl.modules.batched_embedding import resolve_backend
+    from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
+
+    backend = resolve_backend("auto", [(1024, 64)],
+                              EmbeddingOptimizerConfig(kind=CALIBRATION_OPTIMIZER),
+                              torch.device("cpu"))
+    return f"{backend} (cpu, {CALIBRATION_OPTIMIZER})"
