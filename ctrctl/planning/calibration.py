@@ -41,16 +41,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctrctl.distributed.planner.topology import GIB, Topology
 from ctrctl.distributed.planner.types import INDEX_BYTES
 from ctrctl.errors import OutputExistsError
 
+if TYPE_CHECKING:
+    from ctrctl.modules.optimizers import OptimizerKind
+
 logger = logging.getLogger(__name__)
 
 #: The optimizer the kernel benchmark fuses into backward (the sharded module's default).
-CALIBRATION_OPTIMIZER = "exact_rowwise_adagrad"
+CALIBRATION_OPTIMIZER: OptimizerKind = "exact_rowwise_adagrad"
 #: Embedding dims the kernel benchmark covers (others are interpolated in log2(dim)).
 CALIBRATION_DIMS = (16, 32, 64, 128, 256)
 
