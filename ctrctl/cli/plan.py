@@ -77,6 +77,11 @@ def _render(outcome: Any, max_rows: int = 32) -> None:
         f"{_ms(result.step_time)} ms per step (slowest rank {summary['slowest_rank']}, "
         f"collectives' latency {_ms(result.overhead)} ms), imbalance "
         f"{summary['imbalance']:.3f}, planned in {result.planning_seconds:.2f} s")
+    if summary["figures"] == "preset" and topo.device == "cpu":
+        console.print("[yellow]these are preset figures, not this machine's[/yellow]: on CPU "
+                      "they can be several times off (on a 2-core machine the step measured "
+                      "5-11x the estimate); `ctrctl plan --calibrate` measures this machine "
+                      "in about a minute and writes topology.json for --topology")
     console.print(f"slowest rank {summary['slowest_rank']}: {slow}")
     console.print(f"fullest rank {summary['fullest_rank']} "
                   f"({100 * summary['fullest_rank_fraction']:.0f}% of memory): {full}")

@@ -190,3 +190,21 @@ def test_plan_config_constraints_naming_an_unknown_table(tmp_path: Path, capsys)
     assert "error:" in err and "'C9'" in err and "plan.constraints" in err
     assert "Traceback" not in err
     assert not (tmp_path / "plan.json").exists()
+
+
+def test_cpu_estimates_from_preset_figures_say_so(tmp_path: Path, capsys) -> None:
+    from ctrctl.distributed.planner import Topology
+
+    tables = str(_tables_yaml(tmp_path / "t.yaml", rows=(1000, 2000), dim=32))
+    assert main(["plan", "--tables", tables, "--world-size", "2", "--device", "cpu",
+                 "--no-track", "--json"]) == 0
+    printed = capsys.readouterr()
+    assert "preset figures, not this machine's" in printed.err and "--calibrate" in printed.err
+    assert json.loads(printed.out)["figures"] == "preset"
+    measured = Topology.preset("cpu", 2, calibrated={"host": "here", "seconds": 1.0})
+    topo_path = measured.save(tmp_path / "topology.json")
+    assert main(["plan", "--tables", tables, "--world-size", "2", "--topology",
+                 str(topo_path), "--no-track", "--json"]) == 0
+    printed = capsys.readouterr()
+    assert "preset figures" not in printed.err
+    assert json.loads(printed.out)["figures"] == "calibrated"

@@ -92,6 +92,8 @@ def plan_summary(result: PlanResult) -> dict[str, Any]:
     return {
         "world_size": topo.world_size, "local_world_size": topo.local_world_size,
         "device": topo.device, "batch_size_per_rank": result.batch_size,
+        # where the cost model's figures came from: this machine, or a preset's constants
+        "figures": "calibrated" if topo.calibrated else "preset",
         "num_tables": len(result.placements),
         "estimated_step_seconds": result.step_time,
         "collective_overhead_seconds": result.overhead,
