@@ -231,6 +231,82 @@ static void radix_sort(Backward *bw, int64_t max_key) {
     }
 }
 
+/* Where every table is looked up by one feature (no two features share a key base), the ids
+ * of feature f are the contiguous block offsets[f * B] .. offsets[(f + 1) * B] and their
+ * keys the range keys[f] .. keys[f] + rows[f]: no key is in two blocks, so sorting each block
+ * by id groups every row's ids as the whole sort does, in the same (stable) order. The
+ * blocks are sorted in parallel, each within itself (a few KB to MB: its buckets stay in the
+ * caches, where one sort of all ids scattered into 2,048 buckets over the whole array), with
+ * digits of up to 11 bits, as few passes as the table's row count needs. */
+INLINE int tables_have_one_feature(const Batch *bt) {
+    for (int64_t f = 1; f < bt->F; f++)
+        for (int64_t g = 0; g < f; g++)
+            if (bt->keys[f] == bt->keys[g]) return 0;
+    return 1;
+}
+
+typedef struct {
+    Backward *bw;
+    int64_t next; /* the next feature block a thread takes (atomic) */
+} BlockSort;
+
+static int block_sort(Backward *bw, int64_t s, int64_t e, int64_t base, int64_t rows,
+                      int64_t *count) {
+    int bits = 0;
+    while (bits < 63 && ((rows - 1) >> bits) > 0) bits++;
+    if (bits == 0 || e - s < 2) return 0; /* one row, or fewer than two ids: in order */
+    const int passes = (bits + 10) / 11, digit = (bits + passes - 1) / passes;
+    const int64_t buckets = (int64_t)1 << digit;
+    int64_t *src_k = bw->key + s, *src_p = bw->pos + s;
+    int64_t *dst_k = bw->key_tmp + s, *dst_p = bw->pos_tmp + s;
+    const int64_t n = e - s;
+    for (int p = 0; p < passes; p++) {
+        const int shift = p * digit;
+        memset(count, 0, sizeof(int64_t) * (size_t)buckets);
+        for (int64_t i = 0; i < n; i++) count[((src_k[i] - base) >> shift) & (buckets - 1)]++;
+        int64_t sum = 0;
+        for (int64_t d = 0; d < buckets; d++) {
+            const int64_t c = count[d];
+            count[d] = sum;
+            sum += c;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t at = count[((src_k[i] - base) >> shift) & (buckets - 1)]++;
+            dst_k[at] = src_k[i];
+            dst_p[at] = src_p[i];
+        }
+        int64_t *t = src_k; src_k = dst_k; dst_k = t;
+        t = src_p; src_p = dst_p; dst_p = t;
+    }
+    if (src_k != bw->key + s) {
+        memcpy(bw->key + s, src_k, sizeof(int64_t) * (size_t)n);
+        memcpy(bw->pos + s, src_p, sizeof(int64_t) * (size_t)n);
+    }
+    for (int64_t i = s + 1; i < e; i++)
+        if (bw->key[i] < bw->key[i - 1]) return 1; /* an id outside its table */
+    return 0;
+}
+
+static void block_sort_task(void *arg, int thread, int nthreads) {
+    (void)nthreads;
+    BlockSort *bs = (BlockSort *)arg;
+    Backward *bw = bs->bw;
+    const Batch *bt = bw->batch;
+    int64_t *count = (int64_t *)malloc(sizeof(int64_t) << 11);
+    if (!count) {
+        bw->failed[thread] = 1;
+        return;
+    }
+    for (;;) {
+        const int64_t f = __atomic_fetch_add(&bs->next, 1, __ATOMIC_RELAXED);
+        if (f >= bt->F) break;
+        if (block_sort(bw, bt->offsets[f * bt->B], bt->offsets[(f + 1) * bt->B], bt->keys[f],
+                       bt->rows[f], count))
+            bw->failed[thread] = 2;
+    }
+    free(count);
+}
+
 INLINE void update_row(const Backward *bw, float *restrict w, float *restrict state,
                        const float *restrict g, int64_t D) {
     const float lr = bw->lr, eps = bw->eps;
@@ -433,16 +509,26 @@ static PyObject *py_backward(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     int64_t bags = F * B;
     run_parallel(keys_task, &bw, (int)(nthreads < bags ? nthreads : bags));
-    radix_sort(&bw, max_key);
-    for (int64_t i = 1; i < n; i++)
-        if (bw.key[i] < bw.key[i - 1]) {
-            failed = 1;
-            break;
-        }
+    if (tables_have_one_feature(&bt)) {
+        BlockSort bs = {&bw, 0};
+        run_parallel(block_sort_task, &bs, (int)(nthreads < F ? nthreads : F));
+    } else {
+        radix_sort(&bw, max_key);
+        for (int64_t i = 1; i < n; i++)
+            if (bw.key[i] < bw.key[i - 1]) {
+                failed = 1;
+                break;
+            }
+    }
+    for (int t = 0; t < MAX_THREADS; t++) failed |= bw.failed[t];
     if (!failed) run_parallel(update_task, &bw, (int)(nthreads < n ? nthreads : n));
     for (int t = 0; t < MAX_THREADS; t++) failed |= bw.failed[t];
     Py_END_ALLOW_THREADS
     if (own) free(block);
+    if (failed & 2) { /* forward checks the ids first: only a caller that skipped it */
+        PyErr_SetString(PyExc_ValueError, "an id outside its table reached backward");
+        return NULL;
+    }
     if (failed) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }

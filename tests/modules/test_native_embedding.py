@@ -136,6 +136,49 @@ def test_many_threads_and_a_large_batch_match_one_thread() -> None:
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("kind", CPU_OPTIMIZERS)
+def test_one_feature_per_table_sorts_by_table_and_equals_plain_torch(kind: str) -> None:
+    """Every table read by one feature (the backward then sorts each feature's ids on its
+    own, in parallel): tables of 1 row, of a few thousand (two digits) and of 2^22 + 3 rows
+    (three), features out of table order, repeated ids in and across bags, empty bags; one
+    thread and three give the plain-torch reference's tables and state."""
+    tables = [(1, 4), (3000, 8), (70_000, 4), (2**22 + 3, 2)]
+    feature_table_map = [3, 1, 0, 2]
+    batch = 64
+    gen = torch.Generator().manual_seed(3)
+    lengths = torch.randint(0, 4, (len(feature_table_map), batch), generator=gen)
+    lengths[:, 5] = 0
+    ids = []
+    for f, t in enumerate(feature_table_map):
+        rows = tables[t][0]
+        drawn = torch.randint(0, rows, (int(lengths[f].sum()),), generator=gen)
+        drawn[::3] = drawn[0]  # a hot row, repeated in and across bags
+        ids.append(drawn)
+    indices, offsets = torch.cat(ids), torch.zeros(lengths.numel() + 1, dtype=torch.long)
+    offsets[1:] = lengths.reshape(-1).cumsum(0)
+    grad = torch.randn(batch, sum(tables[t][1] for t in feature_table_map), generator=gen)
+    start = [torch.randn(rows, dim, generator=gen) * 0.1 for rows, dim in tables]
+    optimizer = EmbeddingOptimizerConfig(kind=kind, lr=0.1, eps=1e-3)
+    threads = torch.get_num_threads()
+    results = {}
+    for backend, n in (("torch", 1), ("native", 1), ("native", 3)):
+        torch.set_num_threads(n)
+        try:
+            bag = BatchedEmbeddingBag(tables, feature_table_map, optimizer=optimizer,
+                                      backend=backend, weights=start)
+            for _ in range(2):
+                bag(indices, offsets).backward(grad)
+            results[(backend, n)] = (
+                [w.clone() for w in bag.split_weights()]
+                + [v.clone() for st in bag.optimizer_state() for v in st.values()])
+        finally:
+            torch.set_num_threads(threads)
+    reference = results[("torch", 1)]
+    for key in (("native", 1), ("native", 3)):
+        for a, b in zip(results[key], reference, strict=True):
+            torch.testing.assert_close(a, b)
+
+
 def test_bad_ids_and_offsets_raise() -> None:
     bag = BatchedEmbeddingBag([(4, 4)], backend="native")
     with pytest.raises(SparseInputError, match="id 4 at position 1 is outside its table"):
