@@ -21,13 +21,14 @@
  * backward(...) sums the gradient of each distinct row over every bag and feature that
  *               looked it up (a stable radix sort by key keeps the ids' order, so repeated
  *               ids are summed in the order the plain-torch reference's index_add_ sums
- *               them), then updates each row once. With per-sample weights it also returns
+ *               them; each feature's ids on their own where no table has two features),
+ *               then updates each row once. With per-sample weights it also returns
  *               d loss / d weight per id, from the weights before the update.
  *
  * Threads: as many as the caller says (torch.get_num_threads()), torch's own OpenMP threads
  * where the build has OpenMP, pthreads per call elsewhere (_native_threads.h). Forward splits
- * the batch by samples, the update by distinct rows (each row belongs to one thread, so no
- * locks). The GIL is released while working.
+ * the batch by samples, the per-feature sorts by feature, the update by distinct rows (each
+ * row belongs to one thread, so no locks). The GIL is released while working.
  *
  * The inner loops are built for AVX-512, AVX2+FMA and plain x86-64 (GCC/Clang target_clones:
  * the loader picks one for this CPU at import); other machines build the portable loops.
