@@ -10,6 +10,7 @@ from ctrctl.distributed.planner import EmbeddingShardingPlanner, TableSpec, Topo
 from ctrctl.modules import EmbeddingBagCollection, EmbeddingBagConfig
 from ctrctl.names import ShardingType
 from ctrctl.planning.calibration import (
+    _kernel_name,
     _solve_increasing,
     calibrate,
     fit_latency_bandwidth,
@@ -25,6 +26,13 @@ def test_kernel_measurement_is_positive_and_finite() -> None:
     # bytes/s of a memory-bound kernel: above 100 kB/s even on a crowded machine, and below
     # 10 TB/s (which would mean a timing of nothing)
     assert all(1e5 < v < 1e13 for f in figures for v in f.values())
+
+
+def test_kernel_benchmark_times_the_kernel_training_builds() -> None:
+    """Calibration once timed FBGEMM's TBE after training had moved to the native kernel on
+    CPU, and every calibrated estimate came out 2-6x too high."""
+    trained = EmbeddingBagCollection([EmbeddingBagConfig("t", 1000, 64, ["f"])]).backends()
+    assert _kernel_name().split()[0] == trained[0]
 
 
 def test_latency_and_bandwidth_fit_a_line() -> None:
