@@ -7,7 +7,8 @@ checkpoints move freely between the two. What differs is the work per batch:
 * forward: one C call pools every bag of every feature straight into the (B, sum of dims)
   output, on ``torch.get_num_threads()`` threads split by sample;
 * backward: one C call computes a key per id (its table's first key + id), sorts the keys
-  (stable radix sort), sums the gradient of each distinct row over all the bags and features
+  (stable radix sort; each feature's ids on their own and in parallel where no table has
+  two features), sums the gradient of each distinct row over all the bags and features
   that read it, and updates that row once with the optimizer (no (ids, dim) gradient tensor,
   no index_add_/index_copy_ round trips). Hot rows of a skewed batch are read and written once.
 
