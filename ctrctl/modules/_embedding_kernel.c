@@ -199,37 +199,45 @@ CLONES static void keys_task(void *arg, int thread, int nthreads) {
     }
 }
 
-/* Stable LSD radix sort of (key, pos) by key, 11 bits a pass; the result ends in key/pos. */
-static void radix_sort(Backward *bw, int64_t max_key) {
-    const int BITS = 11, BUCKETS = 1 << 11;
-    int passes = 0;
-    while (passes * BITS < 64 && (max_key >> (passes * BITS)) > 0) passes++;
-    int64_t *count = (int64_t *)malloc(sizeof(int64_t) * BUCKETS);
-    if (!count) return; /* caller checks sortedness below */
-    int64_t *src_k = bw->key, *src_p = bw->pos, *dst_k = bw->key_tmp, *dst_p = bw->pos_tmp;
+/* Stable LSD radix sort by key of the (key, pos) pairs in [s, e), whose keys lie in
+ * [base, base + span): digits of up to 11 bits, as few passes as the span needs; the result
+ * ends in key/pos (key_tmp/pos_tmp are the other buffer). count: 2^11 int64s of scratch.
+ * Returns 1 when a key was outside the span (the result is then not sorted). */
+static int sort_keys(Backward *bw, int64_t s, int64_t e, int64_t base, int64_t span,
+                     int64_t *count) {
+    int bits = 0;
+    while (bits < 63 && ((span - 1) >> bits) > 0) bits++;
+    if (bits == 0 || e - s < 2) return 0; /* one key, or fewer than two pairs: in order */
+    const int passes = (bits + 10) / 11, digit = (bits + passes - 1) / passes;
+    const int64_t buckets = (int64_t)1 << digit;
+    int64_t *src_k = bw->key + s, *src_p = bw->pos + s;
+    int64_t *dst_k = bw->key_tmp + s, *dst_p = bw->pos_tmp + s;
+    const int64_t n = e - s;
     for (int p = 0; p < passes; p++) {
-        const int shift = p * BITS;
-        memset(count, 0, sizeof(int64_t) * BUCKETS);
-        for (int64_t i = 0; i < bw->n; i++) count[(src_k[i] >> shift) & (BUCKETS - 1)]++;
+        const int shift = p * digit;
+        memset(count, 0, sizeof(int64_t) * (size_t)buckets);
+        for (int64_t i = 0; i < n; i++) count[((src_k[i] - base) >> shift) & (buckets - 1)]++;
         int64_t sum = 0;
-        for (int d = 0; d < BUCKETS; d++) {
+        for (int64_t d = 0; d < buckets; d++) {
             const int64_t c = count[d];
             count[d] = sum;
             sum += c;
         }
-        for (int64_t i = 0; i < bw->n; i++) {
-            const int64_t at = count[(src_k[i] >> shift) & (BUCKETS - 1)]++;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t at = count[((src_k[i] - base) >> shift) & (buckets - 1)]++;
             dst_k[at] = src_k[i];
             dst_p[at] = src_p[i];
         }
         int64_t *t = src_k; src_k = dst_k; dst_k = t;
         t = src_p; src_p = dst_p; dst_p = t;
     }
-    free(count);
-    if (src_k != bw->key) {
-        memcpy(bw->key, src_k, sizeof(int64_t) * (size_t)bw->n);
-        memcpy(bw->pos, src_p, sizeof(int64_t) * (size_t)bw->n);
+    if (src_k != bw->key + s) {
+        memcpy(bw->key + s, src_k, sizeof(int64_t) * (size_t)n);
+        memcpy(bw->pos + s, src_p, sizeof(int64_t) * (size_t)n);
     }
+    for (int64_t i = s + 1; i < e; i++)
+        if (bw->key[i] < bw->key[i - 1]) return 1;
+    return 0;
 }
 
 /* Where every table is looked up by one feature (no two features share a key base), the ids
@@ -261,43 +269,6 @@ typedef struct {
     int64_t next; /* the next feature block a thread takes (atomic) */
 } BlockSort;
 
-static int block_sort(Backward *bw, int64_t s, int64_t e, int64_t base, int64_t rows,
-                      int64_t *count) {
-    int bits = 0;
-    while (bits < 63 && ((rows - 1) >> bits) > 0) bits++;
-    if (bits == 0 || e - s < 2) return 0; /* one row, or fewer than two ids: in order */
-    const int passes = (bits + 10) / 11, digit = (bits + passes - 1) / passes;
-    const int64_t buckets = (int64_t)1 << digit;
-    int64_t *src_k = bw->key + s, *src_p = bw->pos + s;
-    int64_t *dst_k = bw->key_tmp + s, *dst_p = bw->pos_tmp + s;
-    const int64_t n = e - s;
-    for (int p = 0; p < passes; p++) {
-        const int shift = p * digit;
-        memset(count, 0, sizeof(int64_t) * (size_t)buckets);
-        for (int64_t i = 0; i < n; i++) count[((src_k[i] - base) >> shift) & (buckets - 1)]++;
-        int64_t sum = 0;
-        for (int64_t d = 0; d < buckets; d++) {
-            const int64_t c = count[d];
-            count[d] = sum;
-            sum += c;
-        }
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t at = count[((src_k[i] - base) >> shift) & (buckets - 1)]++;
-            dst_k[at] = src_k[i];
-            dst_p[at] = src_p[i];
-        }
-        int64_t *t = src_k; src_k = dst_k; dst_k = t;
-        t = src_p; src_p = dst_p; dst_p = t;
-    }
-    if (src_k != bw->key + s) {
-        memcpy(bw->key + s, src_k, sizeof(int64_t) * (size_t)n);
-        memcpy(bw->pos + s, src_p, sizeof(int64_t) * (size_t)n);
-    }
-    for (int64_t i = s + 1; i < e; i++)
-        if (bw->key[i] < bw->key[i - 1]) return 1; /* an id outside its table */
-    return 0;
-}
-
 static void block_sort_task(void *arg, int thread, int nthreads) {
     (void)nthreads;
     BlockSort *bs = (BlockSort *)arg;
@@ -311,8 +282,8 @@ static void block_sort_task(void *arg, int thread, int nthreads) {
     for (;;) {
         const int64_t f = __atomic_fetch_add(&bs->next, 1, __ATOMIC_RELAXED);
         if (f >= bt->F) break;
-        if (block_sort(bw, bt->offsets[f * bt->B], bt->offsets[(f + 1) * bt->B], bt->keys[f],
-                       bt->rows[f], count))
+        if (sort_keys(bw, bt->offsets[f * bt->B], bt->offsets[(f + 1) * bt->B], bt->keys[f],
+                      bt->rows[f], count))
             bw->failed[thread] = 2;
     }
     free(count);
@@ -524,12 +495,10 @@ static PyObject *py_backward(PyObject *self, PyObject *args) {
         BlockSort bs = {&bw, 0};
         run_parallel(block_sort_task, &bs, (int)(nthreads < F ? nthreads : F));
     } else {
-        radix_sort(&bw, max_key);
-        for (int64_t i = 1; i < n; i++)
-            if (bw.key[i] < bw.key[i - 1]) {
-                failed = 1;
-                break;
-            }
+        int64_t *count = (int64_t *)malloc(sizeof(int64_t) << 11);
+        /* max_key: the rows of all tables together, one past the largest key */
+        failed = !count ? 1 : sort_keys(&bw, 0, n, 0, max_key, count) ? 2 : 0;
+        free(count);
     }
     for (int t = 0; t < MAX_THREADS; t++) failed |= bw.failed[t];
     if (!failed) run_parallel(update_task, &bw, (int)(nthreads < n ? nthreads : n));
