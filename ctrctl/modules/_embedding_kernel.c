@@ -240,6 +240,11 @@ static int sort_keys(Backward *bw, int64_t s, int64_t e, int64_t base, int64_t s
     return 0;
 }
 
+static int compare_keys(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
 /* Where every table is looked up by one feature (no two features share a key base), the ids
  * of feature f are the contiguous block offsets[f * B] .. offsets[(f + 1) * B] and their
  * keys the range keys[f] .. keys[f] + rows[f]: no key is in two blocks, so sorting each block
@@ -247,11 +252,6 @@ static int sort_keys(Backward *bw, int64_t s, int64_t e, int64_t base, int64_t s
  * blocks are sorted in parallel, each within itself (a few KB to MB: its buckets stay in the
  * caches, where one sort of all ids scattered into 2,048 buckets over the whole array), with
  * digits of up to 11 bits, as few passes as the table's row count needs. */
-static int compare_keys(const void *a, const void *b) {
-    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* No two features share a key base (O(F log F) on a copy; no memory: the whole sort). */
 static int tables_have_one_feature(const Batch *bt) {
     int64_t *sorted = (int64_t *)malloc(sizeof(int64_t) * (size_t)(bt->F > 0 ? bt->F : 1));
