@@ -73,6 +73,30 @@ class SynthBatch:
 
 
 @dataclass(frozen=True)
+class PlantedRows:
+    """Rows as the planted click model draws them, before anything is printed.
+
+    The model's logit is a sum of parts: per sparse feature with an effect, a value per rank
+    below ``len(ClickModel.features[i].effects) - 1`` (rarer ranks and missing: none); per
+    dense column with an effect, ``effect * effect_scale * z`` (none where missing); the
+    pair table ``ClickModel.pair`` of two features' frequent ranks (Criteo); Avazu's hour.
+
+    Attributes:
+        ranks: sparse feature -> intp Zipf rank per row (the feature's cardinality where
+            missing; Avazu's missing fields are rank 0).
+        z: dense column -> the standard-normal value behind each count (0.0 where missing
+            or a negative count).
+        prob: float32 true click probability.
+        label: int8 sampled click.
+    """
+
+    ranks: dict[str, np.ndarray]
+    z: dict[str, np.ndarray]
+    prob: np.ndarray
+    label: np.ndarray
+
+
+@dataclass(frozen=True)
 class ChunkColumns:
     """A chunk's log columns as numpy arrays, before any Arrow or text.
 
@@ -432,13 +456,32 @@ class ClickModel:
             logits += 0.2 * np.sin(2 * np.pi * (hours % 24) / 24.0)
         return logits, sparse, dense
 
-    def columns(self, chunk: int, start_row: int, n: int, total_rows: int) -> ChunkColumns:
-        """Rows ``[start_row, start_row + n)`` of chunk ``chunk`` as raw columns."""
+    def _sample(
+        self, chunk: int, start_row: int, n: int, total_rows: int
+    ) -> tuple[np.random.Generator, dict[str, np.ndarray], dict[str, np.ndarray],
+               np.ndarray, np.ndarray]:
+        """The chunk's stream after its labels, ranks, dense codes, probabilities, labels."""
         stream = _FORMAT_STREAM[self.spec.name]
         rng = np.random.default_rng([self.seed, 4, stream, chunk])
         logits, sparse, dense = self._draw(rng, n, start_row, total_rows)
         prob = (1.0 / (1.0 + np.exp(-(logits + self.bias)))).astype(np.float32)
         label = (rng.random(n) < prob).astype(np.int8)
+        return rng, sparse, dense, prob, label
+
+    def planted(self, chunk: int, start_row: int, n: int, total_rows: int) -> PlantedRows:
+        """The same rows as :meth:`columns`, as the click model sees them (module docstring):
+        for fitting a model told the planted structure, the ceiling of what the rows teach."""
+        _, sparse, dense, prob, label = self._sample(chunk, start_row, n, total_rows)
+        levels = _normal_levels()
+        z = {}
+        for name, codes in dense.items():
+            normal = codes < NORMAL_LEVELS  # not missing, not one of NEGATIVE_VALUES
+            z[name] = np.where(normal, levels[np.where(normal, codes, 0)], 0.0)
+        return PlantedRows(sparse, z, prob, label)
+
+    def columns(self, chunk: int, start_row: int, n: int, total_rows: int) -> ChunkColumns:
+        """Rows ``[start_row, start_row + n)`` of chunk ``chunk`` as raw columns."""
+        rng, sparse, dense, prob, label = self._sample(chunk, start_row, n, total_rows)
         columns: dict[str, Column] = {}
         if self.spec.name == "avazu":
             columns["id"] = (rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False), None)

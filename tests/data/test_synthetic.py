@@ -319,6 +319,47 @@ def test_a_hashed_logistic_regression_learns_the_planted_model(
     assert abs(roc_auc_score(y_test, control.decision_function(x_test)) - 0.5) < 0.04
 
 
+@pytest.mark.parametrize("fmt", ["criteo", "avazu"])
+def test_planted_rows_are_the_printed_rows_and_rebuild_their_logits(fmt: str) -> None:
+    model = click_model(fmt, 3)
+    n, total = 4000, 70_000  # chunk 1 of a 70k-row stream: not the first chunk, not whole
+    planted = model.planted(1, 65_536, n, total)
+    batch = model.batch(1, 65_536, n, total)
+    assert np.array_equal(planted.prob, batch.prob)
+    assert np.array_equal(planted.label, batch.labels)
+    spec = model.spec
+    for feature in model.features:
+        ranks = planted.ranks[feature.spec.name]
+        printed = batch.table.column(feature.spec.name)
+        present = ranks < feature.spec.cardinality
+        values = feature.dictionary.decode(np.where(present, ranks, 0))
+        expected = (hex_strings(values, present) if values.dtype == np.uint32
+                    else [int(v) if p else None for v, p in zip(values, present, strict=True)])
+        assert printed.to_pylist() == (expected.to_pylist() if not isinstance(expected, list)
+                                       else expected), feature.spec.name
+    # The logit as PlantedRows describes it, part by part, is the probability's.
+    logit = np.full(n, model.bias)
+    for feature in model.features:
+        logit += feature.effects[np.minimum(planted.ranks[feature.spec.name],
+                                            len(feature.effects) - 1)]
+    for d in spec.dense:
+        counts = np.array(batch.table.column(d.name).to_pylist(), dtype=object)
+        z = planted.z[d.name]
+        normal = np.array([c is not None and c >= 0 for c in counts])
+        assert np.all(z[~normal] == 0.0), d.name
+        rebuilt = np.minimum(np.floor(d.median * np.exp(np.minimum(d.sigma * z, 20.0))), 2.0**31)
+        assert np.array_equal(rebuilt[normal], counts[normal].astype(np.float64)), d.name
+        logit += d.effect * spec.effect_scale * z
+    if model.pair is not None and spec.interaction is not None:
+        a, b, _ = spec.interaction
+        logit += model.pair[np.minimum(planted.ranks[a], model.pair.shape[0] - 1),
+                            np.minimum(planted.ranks[b], model.pair.shape[1] - 1)]
+    if fmt == "avazu":
+        hours = np.array(batch.table.column("hour").to_pylist()) % 100
+        logit += 0.2 * np.sin(2 * np.pi * hours / 24.0)
+    np.testing.assert_allclose(1 / (1 + np.exp(-logit)), planted.prob, rtol=1e-6, atol=1e-7)
+
+
 def test_zipf_ranks_follow_the_midpoint_rule() -> None:
     k, s = 10, 1.2
     ranks = zipf_ranks(np.random.default_rng(0).random(400_000), k, s)
