@@ -30,7 +30,8 @@ class Progress:
         """Record ``amount`` more units done; ``fields`` are shown beside (loss=..., auc=...)."""
 
     def finish(self) -> None:
-        """End the current task."""
+        """End the current task (a total that the units done passed was an estimate: the
+        final count stands in for it)."""
 
 
 NullProgress = Progress
@@ -75,5 +76,7 @@ class LogProgress(Progress):
 
     def finish(self) -> None:
         if self._description:
+            if self._total and self._done > self._total:  # the total was an estimate
+                self._total = self._done
             self.log.info(self._line({}) + " done")
         self._description = ""

@@ -149,6 +149,9 @@ class RichProgress(Progress):
 
     def finish(self) -> None:
         if self._bar is not None:
+            task = self._bar.tasks[0]
+            if task.total is not None and task.completed > task.total:  # an estimate
+                self._bar.update(self._task, total=task.completed)
             if not self.embedded:
                 self._bar.stop()
             self._bar = None

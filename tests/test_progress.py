@@ -1,0 +1,46 @@
+"""Progress reports: counts are the units done, and an estimated total gives way to them."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from ctrctl.cli.common import RichProgress
+from ctrctl.progress import LogProgress
+
+
+def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records]
+
+
+def test_log_progress_replaces_an_estimate_that_the_count_passed(
+        caplog: pytest.LogCaptureFixture) -> None:
+    progress = LogProgress(interval=1e9, log=logging.getLogger("ctrctl.test"))
+    with caplog.at_level(logging.INFO, logger="ctrctl.test"):
+        progress.start("preprocess", total=999_393, unit="rows")  # estimated from bytes
+        progress.advance(600_000)
+        progress.advance(400_000)
+        progress.finish()
+        progress.start("train", total=8_800_000, unit="samples")  # stopped early
+        progress.advance(413_696)
+        progress.finish()
+    done, stopped = _lines(caplog)
+    assert done.startswith("preprocess: 1,000,000/1,000,000 rows (") and done.endswith(" done")
+    assert stopped.startswith("train: 413,696/8,800,000 samples (")
+
+
+def test_rich_progress_replaces_an_estimate_that_the_count_passed() -> None:
+    progress = RichProgress(embedded=True)
+    progress.start("preprocess", total=10_003, unit="rows")
+    bar = progress.renderable
+    assert bar is not None
+    progress.advance(10_000)
+    progress.finish()
+    assert bar.tasks[0].total == 10_003  # short of the estimate: left as it was
+    progress.start("preprocess", total=999_393, unit="rows")
+    bar = progress.renderable
+    assert bar is not None
+    progress.advance(1_000_000)
+    progress.finish()
+    assert (bar.tasks[0].completed, bar.tasks[0].total) == (1_000_000, 1_000_000)
