@@ -460,7 +460,8 @@ class ClickModel:
         self, chunk: int, start_row: int, n: int, total_rows: int
     ) -> tuple[np.random.Generator, dict[str, np.ndarray], dict[str, np.ndarray],
                np.ndarray, np.ndarray]:
-        """The chunk's stream after its labels, ranks, dense codes, probabilities, labels."""
+        """A chunk's draws: its generator (past the labels), ranks, dense codes, true
+        probabilities and labels."""
         stream = _FORMAT_STREAM[self.spec.name]
         rng = np.random.default_rng([self.seed, 4, stream, chunk])
         logits, sparse, dense = self._draw(rng, n, start_row, total_rows)
