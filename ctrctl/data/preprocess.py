@@ -483,9 +483,13 @@ def _stream_job(
         sink = part.sink_parquet(paths[possible[0]], compression=COMPRESSION,
                                  row_group_size=row_group_size, lazy=True)
     else:  # one partitioned sink: the rows are split once, not filtered once per split
+        base = job.targets[0].path.parent.parent
+        # The provider's path is taken below ``base`` (a relative output folder given as is
+        # would land inside itself).
+        below = {split: path.relative_to(base) for split, path in paths.items()}
         sink = data.sink_parquet(
-            pl.PartitionBy(job.targets[0].path.parent.parent, key=SPLIT, include_key=False,
-                           file_path_provider=lambda args: paths[args.partition_keys[SPLIT][0]],
+            pl.PartitionBy(base, key=SPLIT, include_key=False,
+                           file_path_provider=lambda args: below[args.partition_keys[SPLIT][0]],
                            approximate_bytes_per_file=None),
             compression=COMPRESSION, row_group_size=row_group_size, lazy=True)
     aggregates = [

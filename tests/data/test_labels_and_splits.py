@@ -86,6 +86,30 @@ def test_threshold_labels_from_ratings(tmp_path: Path) -> None:
         preprocess(schema, [str(bad)], tmp_path / "ds2")
 
 
+@pytest.mark.parametrize("min_count", [2, None])  # vocabulary mode stages keys first
+def test_a_split_ratio_into_a_relative_output_folder(tmp_path: Path, min_count: int | None,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # The polars path writes all splits through one partitioned sink; the folder given as
+    # `--out ds` (relative) once sent the parts to a path below itself, and vocabulary mode
+    # then found no training part.
+    sizes = {"min_count": min_count} if min_count else {"hash_size": 1000}
+    schema = Schema.from_dict({
+        "name": "ratings", "format": "tsv", "label": {"threshold": 4.0},
+        "columns": [{"name": "user", "role": "sparse", "type": "int", **sizes},
+                    {"name": "item", "role": "sparse", "type": "int", **sizes},
+                    {"name": "rating", "role": "label"}, {"name": "time", "role": "ignore"}]})
+    rng = random.Random(0)
+    lines = [f"{rng.randrange(30)}\t{rng.randrange(40)}\t{rng.randrange(1, 6)}\t0"
+             for _ in range(2000)]
+    _write(tmp_path / "u.data", lines)
+    monkeypatch.chdir(tmp_path)
+    m = preprocess(schema, ["u.data"], Path("ds"), split_ratio="0.8,0.1,0.1")
+    rows = {split: _split(tmp_path / "ds", split).height for split in ("train", "val", "test")}
+    assert rows == {s: m.splits[s].rows for s in rows} and sum(rows.values()) == 2000
+    assert 1400 < rows["train"] < 1800
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "u.data"]  # nothing left over
+
+
 def test_skip_refuses_to_drop_a_whole_class(tmp_path: Path) -> None:
     # libfm's -1/1 without a mapping: every negative is a malformed label
     schema = load_schema(FRAPPE).model_copy(update={"label_rule": None})
