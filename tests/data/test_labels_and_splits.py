@@ -86,12 +86,14 @@ def test_threshold_labels_from_ratings(tmp_path: Path) -> None:
         preprocess(schema, [str(bad)], tmp_path / "ds2")
 
 
+@pytest.mark.parametrize("carve", [False, True])  # --split-ratio, or val carved from train
 @pytest.mark.parametrize("min_count", [2, None])  # vocabulary mode stages keys first
-def test_a_split_ratio_into_a_relative_output_folder(tmp_path: Path, min_count: int | None,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    # The polars path writes all splits through one partitioned sink; the folder given as
-    # `--out ds` (relative) once sent the parts to a path below itself, and vocabulary mode
-    # then found no training part.
+def test_splits_into_a_relative_output_folder(tmp_path: Path, min_count: int | None,
+                                              carve: bool,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # The polars path writes all splits of an input through one partitioned sink; the
+    # folder given as `--out ds` (relative) once sent the parts to a path below itself, and
+    # vocabulary mode then found no training part (the README's avazu_vocab.yaml line).
     sizes = {"min_count": min_count} if min_count else {"hash_size": 1000}
     schema = Schema.from_dict({
         "name": "ratings", "format": "tsv", "label": {"threshold": 4.0},
@@ -103,10 +105,14 @@ def test_a_split_ratio_into_a_relative_output_folder(tmp_path: Path, min_count: 
              for _ in range(2000)]
     _write(tmp_path / "u.data", lines)
     monkeypatch.chdir(tmp_path)
-    m = preprocess(schema, ["u.data"], Path("ds"), split_ratio="0.8,0.1,0.1")
-    rows = {split: _split(tmp_path / "ds", split).height for split in ("train", "val", "test")}
+    if carve:
+        m = preprocess(schema, ["train=u.data"], Path("ds"), val_fraction=0.1)
+    else:
+        m = preprocess(schema, ["u.data"], Path("ds"), split_ratio="0.8,0.1,0.1")
+    splits = ("train", "val") if carve else ("train", "val", "test")
+    rows = {split: _split(tmp_path / "ds", split).height for split in splits}
     assert rows == {s: m.splits[s].rows for s in rows} and sum(rows.values()) == 2000
-    assert 1400 < rows["train"] < 1800
+    assert 1400 < rows["train"] < (1900 if carve else 1800)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "u.data"]  # nothing left over
 
 
