@@ -25,11 +25,11 @@ SEEDS = (0, 1, 2)
 
 
 def _flow(tmp_path: Path, schema: str, inputs: list[str], seed: int,
-          overrides: tuple[str, ...] = (),
-          name: str = "") -> tuple[dict, dict]:  # type: ignore[type-arg]
+          overrides: tuple[str, ...] = (), name: str = "",
+          preprocess_args: tuple[str, ...] = ()) -> tuple[dict, dict]:  # type: ignore[type-arg]
     run = tmp_path / (name or f"s{seed}")
     args = ["preprocess", "--schema", str(ROOT / "schemas" / schema), "--seed", str(seed),
-            "--out", str(run / "ds"), "--no-track"]
+            "--out", str(run / "ds"), "--no-track", *preprocess_args]
     for item in inputs:
         args += ["--input", item]
     assert main(args) == 0
@@ -48,12 +48,14 @@ def _base_rate_logloss(rate: float) -> float:
 
 
 def _check(tmp_path: Path, schema: str, inputs: list[str], peer_auc: float,
-           logloss_margin: float) -> None:
-    results = [_flow(tmp_path, schema, inputs, seed)[0] for seed in SEEDS]
+           logloss_margin: float, preprocess_args: tuple[str, ...] = (),
+           auc_margin: float = 0.01) -> None:
+    results = [_flow(tmp_path, schema, inputs, seed, preprocess_args=preprocess_args)[0]
+               for seed in SEEDS]
     auc = sum(r["auc"] for r in results) / len(results)
     logloss = sum(r["logloss"] for r in results) / len(results)
     base = _base_rate_logloss(results[0]["label_rate"])
-    assert auc >= peer_auc - 0.01, [r["auc"] for r in results]
+    assert auc >= peer_auc - auc_margin, [r["auc"] for r in results]
     assert logloss <= base - logloss_margin, ([r["logloss"] for r in results], base)
 
 
@@ -81,6 +83,19 @@ def test_frappe_defaults_reach_the_peers(tmp_path: Path) -> None:
     _check(tmp_path, "frappe.yaml", [
         f"train={frappe / 'frappe.validation.libfm'}", f"test={frappe / 'frappe.test.libfm'}"],
         peer_auc=0.931, logloss_margin=0.2)
+
+
+@pytest.mark.slow
+def test_movielens_100k_ratings_as_clicks(tmp_path: Path) -> None:
+    # No peer is published with this sample, so the reference is the item-CTR baseline that
+    # `ctrctl eval` reports (AUC 0.707-0.714 on the three seeds' test splits): the defaults
+    # must clear it by 0.025 (measured: 0.7458, 0.7517, 0.7467, mean 0.748).
+    from tests.conftest import shared_data
+
+    movielens = shared_data("movielens-100k")
+    _check(tmp_path, "movielens.yaml", [str(movielens / "u.data")], peer_auc=0.714,
+           auc_margin=-0.025, logloss_margin=0.05,
+           preprocess_args=("--split-ratio", "0.8,0.1,0.1"))
 
 
 @pytest.mark.slow
