@@ -128,6 +128,13 @@ def batch_inputs(batch: Batch, order: Sequence[str]
     return batch.dense, kjt.values(), kjt.lengths()
 
 
+#: The entries of a manifest's ``transforms`` that make the model's inputs. The others say
+#: how that dataset's splits were drawn and stored (split ratio and seed, a val carved from
+#: train, bad-row handling, row groups, compression, exact or approximate cardinality), which
+#: a dataset of new rows to score rightly has its own of.
+FEATURE_TRANSFORMS = ("dense", "sparse", "vocab_dir", "polars_version", "string_hash_seed")
+
+
 def check_transforms(model_manifest: dict[str, Any], dataset: DatasetManifest,
                      where: str) -> None:
     """Raise :class:`DatasetError` naming the first transform where the dataset differs.
@@ -165,11 +172,17 @@ def check_transforms(model_manifest: dict[str, Any], dataset: DatasetManifest,
                 f"feature {a.name!r}: ids are {b.mode} with {b.num_embeddings} rows in the "
                 f"dataset but {a.mode} with {a.num_embeddings} rows in the model's",
                 where=where, hint="preprocess with --reuse-transforms of the model's dataset")
+    differ = [k for k in FEATURE_TRANSFORMS
+              if dataset.transforms.get(k) != trained.transforms.get(k)]
+    if differ:
+        raise DatasetError(f"the dataset's transforms differ from the model's: {differ}",
+                           where=where,
+                           hint="preprocess with --reuse-transforms of the model's dataset")
     followed = dataset.follows or {}
-    if dataset.transforms != trained.transforms or (
-            followed and followed.get("manifest_hash") not in (None, trained.content_hash())):
-        raise DatasetError("the dataset's transform parameters differ from the model's "
-                           "(vocabularies or statistics)", where=where,
+    if followed.get("manifest_hash") not in (None, trained.content_hash()) or (
+            not followed and any(f.mode == "vocab" for f in trained.sparse)):
+        raise DatasetError("the dataset's vocabularies are not the model's (it was not "
+                           "preprocessed with the model's transforms)", where=where,
                            hint="preprocess with --reuse-transforms of the model's dataset")
 
 

@@ -4,6 +4,7 @@ path and MLflow's frame all give the same scores (hash and vocabulary features, 
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,13 +14,50 @@ import torch
 import yaml
 
 from ctrctl.config import load_config
+from ctrctl.data.manifest import DatasetManifest
 from ctrctl.data.preprocess import preprocess
+from ctrctl.data.synthetic import synthesize
+from ctrctl.errors import DatasetError
 from ctrctl.inference.export import load_artifact, write_artifact
-from ctrctl.inference.predictor import predict_dataset, predict_raw
+from ctrctl.inference.predictor import check_transforms, predict_dataset, predict_raw
 from ctrctl.inference.quantize import QuantizeConfig, quantize_checkpoint
 from ctrctl.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_new_rows_score_whatever_splits_the_training_dataset_drew(tmp_path: Path) -> None:
+    # The CLI carves val from train by default: a model trained on such a dataset once
+    # refused every raw file and every --reuse-transforms dataset ("transform parameters
+    # differ"), their splits being drawn otherwise.
+    from tests.inference.conftest import OVERRIDES
+
+    logs = tmp_path / "logs"
+    synthesize(logs, rows=3000, format="criteo", seed=1, splits={"train": 0.8, "test": 0.2})
+    dataset = tmp_path / "ds"
+    preprocess(ROOT / "schemas" / "criteo_vocab.yaml",
+               [f"train={logs / 'train.tsv'}", f"test={logs / 'test.tsv'}"], dataset,
+               val_fraction=0.1)  # as `ctrctl preprocess` does without a val input
+    run = train(dataset, tmp_path / "run", load_config(None, [*OVERRIDES, "training.epochs=1"]))
+    export = write_artifact(quantize_checkpoint(run.checkpoint, QuantizeConfig(dtype="int8")),
+                            tmp_path / "export", dataset=dataset)
+    predict_dataset(export, dataset, "test", tmp_path / "split.parquet")
+    predict_raw(export, logs / "test.tsv", tmp_path / "raw.parquet", on_bad_rows="skip")
+    split, raw = (pq.read_table(tmp_path / f"{n}.parquet") for n in ("split", "raw"))
+    assert raw.num_rows == 600
+    assert np.array_equal(split.column("score").to_numpy(), raw.column("score").to_numpy())
+
+    # New rows split at random by the model's transforms score too ...
+    again = tmp_path / "again"
+    preprocess(None, [str(logs / "test.tsv")], again, reuse_transforms=export / "dataset",
+               split_ratio="0.5,0.25,0.25", seed=4)
+    result = predict_dataset(export, again, "val", tmp_path / "again.parquet")
+    assert result.rows == DatasetManifest.load(again).splits["val"].rows > 0
+    # ... and a dataset with vocabularies of its own does not, whatever its sizes.
+    model = DatasetManifest.load(export / "dataset").to_dict()
+    unfollowed = replace(DatasetManifest.load(again), follows=None)
+    with pytest.raises(DatasetError, match="vocabularies are not the model's"):
+        check_transforms(model, unfollowed, str(again))
 
 
 @pytest.mark.slow
