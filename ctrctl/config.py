@@ -85,6 +85,10 @@ class ModelConfig(_Section):
             in a sparse file on disk with that share of their rows cached in DRAM (the
             ``fused_cached`` kernel, one process on CPU); ``"*"`` names every other table.
         cache_dir: where cached tables' files go (default: the system's temporary folder).
+        first_order: without dense features, a learned vector stands in the dot
+            interaction where the dense vector would be, so each embedding has a first-order
+            term too (its dot with that vector), as dense models get from the dense vector;
+            false: the embeddings' pairwise dots only (checkpoints from before this setting).
     """
 
     embedding_dim: int = Field(default=16, gt=0)
@@ -95,6 +99,7 @@ class ModelConfig(_Section):
     dcn_rank: int = Field(default=16, ge=0)
     cached_tables: dict[str, float] = Field(default_factory=dict)
     cache_dir: str | None = None
+    first_order: bool = True
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:

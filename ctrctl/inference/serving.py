@@ -74,6 +74,7 @@ class ServingModel(nn.Module):
             [position[f] for f in model_features], dtype=torch.int64), persistent=False)
         self.identity_order = self.input_features == model_features
         self.dense_arch: nn.Module | None = copy.deepcopy(dlrm.dense_arch)
+        self.dense_anchor = copy.deepcopy(dlrm.dense_anchor)  # None, or (D,): see DLRM
         self.interaction = copy.deepcopy(dlrm.interaction)
         if isinstance(self.interaction, DotInteraction | SparseDotInteraction):
             # The exported program runs torch's ops (it loads without ctrctl): eager serving
@@ -87,6 +88,8 @@ class ServingModel(nn.Module):
             for part in (self.dense_arch, self.interaction, self.over_arch):
                 if part is not None:
                     part.to(torch.bfloat16)
+            if self.dense_anchor is not None:
+                self.dense_anchor.data = self.dense_anchor.data.to(torch.bfloat16)
             on_cpu = all(s.device.type == "cpu" for s in shards)
             if on_cpu and fused_linear_available():
                 for part in (self.dense_arch, self.over_arch):
@@ -114,13 +117,17 @@ class ServingModel(nn.Module):
         if not self.identity_order:
             sparse = sparse.index_select(1, self.feature_perm)  # (B, F, D), model order
         sparse = sparse.to(self.compute_dtype)
-        if self.dense_arch is None:
+        if self.dense_arch is None and self.dense_anchor is None:
             if isinstance(self.interaction, SparseDotInteraction):
                 interacted = self.interaction(sparse)
             else:
                 interacted = self.interaction(sparse[:, 0], sparse[:, 1:])
         else:
-            embedded_dense = self.dense_arch(dense.to(self.compute_dtype))  # (B, D)
+            if self.dense_arch is None:  # the learned vector in the dense vector's place
+                assert self.dense_anchor is not None
+                embedded_dense = self.dense_anchor.expand(batch, -1)  # (B, D)
+            else:
+                embedded_dense = self.dense_arch(dense.to(self.compute_dtype))  # (B, D)
             if self.compute_dtype == torch.bfloat16 and isinstance(self.interaction,
                                                                    DotInteraction):
                 interacted = bf16_dot_interaction(self.interaction, embedded_dense, sparse)

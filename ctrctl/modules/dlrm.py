@@ -119,6 +119,11 @@ class DLRM(nn.Module):
             of this (GEMM-friendly widths: 415 -> 416 for 26 features of dim 64); the padded
             inputs of the over arch are always zero, their weights start at zero and never
             change, so the model is the unpadded DLRM. 1 disables it.
+        first_order: without dense features and with the dot interaction, a learned vector
+            ``dense_anchor`` (D,) takes the dense vector's place: the model is the DLRM of a
+            constant dense input, and each embedding's dot with the vector is its first-order
+            term (the pairs of embeddings alone have none: a user and an item of MovieLens
+            would get no bias). False: the embeddings' pairwise dots only.
     """
 
     def __init__(
@@ -132,6 +137,7 @@ class DLRM(nn.Module):
         dcn_low_rank_dim: int = 512,
         dense_autocast: bool = False,
         interaction_pad_to: int = 8,
+        first_order: bool = True,
     ) -> None:
         super().__init__()
         if dense_in_features < 0:
@@ -167,7 +173,10 @@ class DLRM(nn.Module):
         # Without a dense vector DCN crosses the F embeddings alone: the interaction's
         # "dense" slot takes the first of them, so its input is their concatenation.
         slots = self.num_sparse_features - (0 if dense_in_features else 1)
-        if interaction == "dot" and dense_in_features:
+        self.dense_anchor: nn.Parameter | None = None
+        if interaction == "dot" and not dense_in_features and first_order:
+            self.dense_anchor = nn.Parameter(torch.ones(embedding_dim))
+        if interaction == "dot" and (dense_in_features or self.dense_anchor is not None):
             self.interaction = DotInteraction(self.num_sparse_features, pad_to=interaction_pad_to)
         elif interaction == "dot":
             self.interaction = SparseDotInteraction(self.num_sparse_features,
@@ -216,6 +225,9 @@ class DLRM(nn.Module):
 
     def _interact_sparse(self, sparse: torch.Tensor) -> torch.Tensor:
         """The interaction of a model without dense input over (B, F, D) embeddings."""
+        if self.dense_anchor is not None:  # the anchor for every sample: (B, D)
+            anchor = self.dense_anchor.to(sparse.dtype).expand(sparse.size(0), -1)
+            return self.interaction(anchor, sparse)  # type: ignore[call-arg]
         if isinstance(self.interaction, SparseDotInteraction):
             return self.interaction(sparse)  # (B, F (F - 1) / 2 [+ pad])
         return self.interaction(sparse[:, 0], sparse[:, 1:])  # (B, F * D)

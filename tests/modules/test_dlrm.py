@@ -194,22 +194,25 @@ def test_model_from_manifest() -> None:
     assert model(torch.randn(2, 2), kjt).shape == (2,)
 
 
-def sparse_only_model(interaction: str, pad_to: int = 8) -> DLRM:
+def sparse_only_model(interaction: str, pad_to: int = 8, first_order: bool = True) -> DLRM:
     tables = [EmbeddingBagConfig(f"t_{i}", 50, DIM, [f"C{i}"]) for i in range(3)]
     ebc = EmbeddingBagCollection(
         tables, optimizer=EmbeddingOptimizerConfig(kind="exact_sgd", lr=0.1), backend="torch", seed=0
     )
     return DLRM(ebc, 0, [], [16, 1], interaction=interaction, dcn_num_layers=2,
-                dcn_low_rank_dim=4, interaction_pad_to=pad_to)
+                dcn_low_rank_dim=4, interaction_pad_to=pad_to, first_order=first_order)
 
 
-@pytest.mark.parametrize("interaction", ["dot", "dcn"])
+@pytest.mark.parametrize("interaction", ["dot", "dot-pairs-only", "dcn"])
 def test_zero_dense_features_shapes_and_gradients(interaction: str) -> None:
     torch.manual_seed(0)
-    model = sparse_only_model(interaction)
+    pairs_only = interaction == "dot-pairs-only"
+    model = sparse_only_model("dot" if pairs_only else interaction, first_order=not pairs_only)
     assert model.dense_arch is None
-    # dot: the 3 pairs of 3 embeddings (padded to 8); dcn: the 3 x 8 concatenated embeddings
-    width = 8 if interaction == "dot" else 3 * DIM
+    # dot: the learned vector (8) and the 6 pairs of it and 3 embeddings (padded to 16);
+    # pairs only: the 3 pairs of 3 embeddings (padded to 8); dcn: the 3 x 8 embeddings
+    width = {"dot": 16, "dot-pairs-only": 8, "dcn": 3 * DIM}[interaction]
+    assert (model.dense_anchor is not None) == (interaction == "dot")
     assert model.over_arch.layers[0].in_features == width
     _, kjt, labels = tiny_batch(batch=6)
     dense = torch.empty(6, 0)
@@ -226,8 +229,30 @@ def test_zero_dense_features_shapes_and_gradients(interaction: str) -> None:
     assert all(not torch.equal(before[k], after[k]) for k in before)
 
 
-def test_zero_dense_dot_interaction_against_loops_and_autograd() -> None:
+def test_without_dense_features_a_learned_vector_gives_first_order_terms() -> None:
+    torch.manual_seed(0)
     model = sparse_only_model("dot", pad_to=1)
+    assert model.dense_anchor is not None
+    with torch.no_grad():
+        model.dense_anchor.copy_(torch.randn(DIM))
+    _, kjt, _ = tiny_batch(batch=5)
+    pooled = model.sparse_arch(kjt).values().view(5, 3, DIM).detach()
+    x = torch.cat([model.dense_anchor.detach().expand(5, 1, DIM), pooled], dim=1)  # (B, 4, D)
+    expected = torch.cat([model.dense_anchor.detach().expand(5, DIM), torch.stack([
+        torch.stack([torch.dot(s[i], s[j]) for i in range(4) for j in range(i + 1, 4)])
+        for s in x])], dim=1)  # [c, c.e_1, c.e_2, c.e_3, e_1.e_2, e_1.e_3, e_2.e_3]
+    torch.testing.assert_close(model.interaction(model.dense_anchor.expand(5, DIM), pooled),
+                               expected)
+    # it is the model's input to the over arch, and the vector learns
+    torch.testing.assert_close(model(torch.empty(5, 0), kjt),
+                               model.over_arch(expected).squeeze(1))
+    model(torch.empty(5, 0), kjt).sum().backward()
+    assert model.dense_anchor.grad is not None and model.dense_anchor.grad.abs().sum() > 0
+    assert "dense_anchor" in dict(model.dense_named_parameters())
+
+
+def test_zero_dense_dot_interaction_against_loops_and_autograd() -> None:
+    model = sparse_only_model("dot", pad_to=1, first_order=False)
     gen = torch.Generator().manual_seed(2)
     sparse = torch.randn(4, 3, DIM, generator=gen, dtype=torch.float64, requires_grad=True)
     out = model.interaction(sparse)
@@ -240,7 +265,7 @@ def test_zero_dense_dot_interaction_against_loops_and_autograd() -> None:
 
 def test_zero_dense_model_matches_the_formula() -> None:
     """Logits = over arch(pairwise dots of the pooled embeddings), computed by hand."""
-    model = sparse_only_model("dot", pad_to=1)
+    model = sparse_only_model("dot", pad_to=1, first_order=False)
     _, kjt, _ = tiny_batch(batch=5, seed=3)
     with torch.no_grad():
         pooled = model.sparse_arch(kjt).values().view(5, 3, DIM)
@@ -264,7 +289,10 @@ def test_zero_dense_model_from_manifest_and_errors() -> None:
     assert model(torch.empty(2, 0), kjt).shape == (2,)
     one = EmbeddingBagCollection([EmbeddingBagConfig("t", 10, 4, ["f"])])
     with pytest.raises(ConfigError, match="needs two sparse features"):
-        DLRM(one, 0, [], [4, 1], interaction="dot")
+        DLRM(one, 0, [], [4, 1], interaction="dot", first_order=False)
+    # with the learned vector one embedding has a pair: its dot with the vector
+    alone = DLRM(one, 0, [], [4, 1], interaction="dot", interaction_pad_to=1)
+    assert alone.over_arch.layers[0].in_features == 4 + 1
     assert DLRM(one, 0, [], [4, 1], interaction="dcn").over_arch.layers[0].in_features == 4
     mixed = EmbeddingBagCollection([EmbeddingBagConfig("a", 10, 4, ["f"]),
                                     EmbeddingBagConfig("b", 10, 8, ["g"])])

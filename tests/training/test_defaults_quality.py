@@ -67,7 +67,7 @@ def test_criteo_8k_defaults_reach_the_peers(criteo_8k: Path, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="measured: mean AUC 0.700 over seeds 0-2, the bar is 0.707 (README, "
+@pytest.mark.xfail(reason="measured: mean AUC 0.705 over seeds 0-2, the bar is 0.707 (README, "
                           "Defaults that fit the data)", strict=False)
 def test_avazu_9k_defaults_reach_the_peers(avazu_9k: Path, tmp_path: Path) -> None:
     _check(tmp_path, "avazu_vocab.yaml", [
@@ -89,12 +89,13 @@ def test_frappe_defaults_reach_the_peers(tmp_path: Path) -> None:
 def test_movielens_100k_ratings_as_clicks(tmp_path: Path) -> None:
     # No peer is published with this sample, so the reference is the item-CTR baseline that
     # `ctrctl eval` reports (AUC 0.707-0.714 on the three seeds' test splits): the defaults
-    # must clear it by 0.025 (measured: 0.7458, 0.7517, 0.7467, mean 0.748).
+    # must clear it by 0.05 (measured: 0.7720, 0.7774, 0.7719, mean 0.774; without the
+    # learned vector of model.first_order, 0.748).
     from tests.conftest import shared_data
 
     movielens = shared_data("movielens-100k")
     _check(tmp_path, "movielens.yaml", [str(movielens / "u.data")], peer_auc=0.714,
-           auc_margin=-0.025, logloss_margin=0.05,
+           auc_margin=-0.05, logloss_margin=0.05,
            preprocess_args=("--split-ratio", "0.8,0.1,0.1"))
 
 
