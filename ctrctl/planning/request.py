@@ -99,14 +99,17 @@ def dense_model_bytes(cfg: Any, num_dense: int, num_tables: int, batch_per_rank:
 
     The top MLP reads the dense vector plus one dot product per pair of the ``F + 1``
     vectors (DLRM's dot interaction), or ``(F + 1) x dim`` features for DCN; without dense
-    features, the pairs of the ``F`` embeddings (or ``F x dim``) alone.
+    features, the learned vector of ``model.first_order`` stands in for the dense vector
+    (dot), or the ``F`` embeddings are alone (the pairs of them, or ``F x dim``).
     """
     model = cfg.model
     dim = model.embedding_dim
-    # Without dense features there is no bottom MLP and no dense vector to interact.
-    vectors = num_tables + 1 if num_dense else num_tables
+    # Without dense features there is no bottom MLP; the dot interaction may have the
+    # learned vector in the dense vector's place (DLRM's first_order).
+    anchored = bool(num_dense) or (model.interaction == "dot" and model.first_order)
+    vectors = num_tables + 1 if anchored else num_tables
     if model.interaction == "dot":
-        top_in = vectors * (vectors - 1) // 2 + (dim if num_dense else 0)
+        top_in = vectors * (vectors - 1) // 2 + (dim if anchored else 0)
     else:
         top_in = vectors * dim
     params, widths = 0, 0
