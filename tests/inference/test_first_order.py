@@ -12,7 +12,7 @@ import torch
 
 from ctrctl.config import load_config
 from ctrctl.data.dataset import BatchLoader
-from ctrctl.inference.export import export_program
+from ctrctl.inference.export import export_program, load_artifact, write_artifact
 from ctrctl.inference.predictor import batch_inputs, load_model
 from ctrctl.inference.quantize import QuantizeConfig, quantize_checkpoint
 from ctrctl.testing.datasets import make_dataset
@@ -36,7 +36,7 @@ def _batch(dataset: Path) -> object:
 
 @pytest.mark.parametrize("dense_dtype", ["fp32", "bf16"])
 def test_the_learned_vector_is_served_sharded_and_exported(
-        sparse_only: tuple[Path, Path], dense_dtype: str) -> None:
+        sparse_only: tuple[Path, Path], dense_dtype: str, tmp_path: Path) -> None:
     dataset, run = sparse_only
     fp32, _, config = load_model(run)
     assert config.model.first_order and fp32.dense_anchor is not None
@@ -53,6 +53,9 @@ def test_the_learned_vector_is_served_sharded_and_exported(
         batch, one.model.input_features)))  # type: ignore[arg-type]
     assert 0 < float((served - reference).abs().max()) < 0.03
     assert torch.equal(export_program(two.model).module()(*inputs), served)
+    # the artifact, loaded by the standalone loader (torch alone), scores the same
+    folder = write_artifact(two, tmp_path / "export", dataset=dataset)
+    assert torch.equal(load_artifact(folder).score(*inputs), served)
 
 
 def test_a_checkpoint_from_before_the_setting_loads_without_the_vector(
