@@ -135,7 +135,16 @@ def batch_inputs(batch: Batch, order: Sequence[str]
 #: how that dataset's splits were drawn and stored (split ratio and seed, a val carved from
 #: train, bad-row handling, row groups, compression, exact or approximate cardinality), which
 #: a dataset of new rows to score rightly has its own of.
-FEATURE_TRANSFORMS = ("dense", "sparse", "vocab_dir", "polars_version", "string_hash_seed")
+FEATURE_TRANSFORMS = ("dense", "sparse", "vocab_dir")
+#: The entries that make the ids of string features hashed into buckets (polars' string
+#: hash may change between versions): compared only for a model that has such features.
+STRING_HASH_TRANSFORMS = ("polars_version", "string_hash_seed")
+
+
+def hashes_strings(manifest: DatasetManifest) -> bool:
+    """Whether some sparse feature of the dataset is a string hashed into buckets."""
+    kinds = {c.get("name"): c.get("type") for c in manifest.schema.get("columns", [])}
+    return any(f.mode == "hash" and kinds.get(f.name) == "string" for f in manifest.sparse)
 
 
 def check_transforms(model_manifest: dict[str, Any], dataset: DatasetManifest,
@@ -175,8 +184,8 @@ def check_transforms(model_manifest: dict[str, Any], dataset: DatasetManifest,
                 f"feature {a.name!r}: ids are {b.mode} with {b.num_embeddings} rows in the "
                 f"dataset but {a.mode} with {a.num_embeddings} rows in the model's",
                 where=where, hint="preprocess with --reuse-transforms of the model's dataset")
-    differ = [k for k in FEATURE_TRANSFORMS
-              if dataset.transforms.get(k) != trained.transforms.get(k)]
+    compared = FEATURE_TRANSFORMS + (STRING_HASH_TRANSFORMS if hashes_strings(trained) else ())
+    differ = [k for k in compared if dataset.transforms.get(k) != trained.transforms.get(k)]
     if differ:
         raise DatasetError(f"the dataset's transforms differ from the model's: {differ}",
                            where=where,

@@ -59,6 +59,23 @@ def test_new_rows_score_whatever_splits_the_training_dataset_drew(tmp_path: Path
     with pytest.raises(DatasetError, match="vocabularies are not the model's"):
         check_transforms(model, unfollowed, str(again))
 
+    # Another polars preprocessed the new rows: no string is hashed here, so it scores ...
+    manifest = DatasetManifest.load(again)
+    newer = replace(manifest, transforms={**manifest.transforms, "polars_version": "9.9.9"})
+    check_transforms(model, newer, str(again))
+    # ... but where a string feature is hashed into buckets its ids may differ: refused.
+    def string_hashed(m: DatasetManifest) -> DatasetManifest:
+        columns = [{**c, "type": "string"} if c.get("name") == "C1" else c
+                   for c in m.schema["columns"]]
+        return replace(m, sparse=tuple(replace(f, mode="hash") if f.name == "C1" else f
+                                       for f in m.sparse),
+                       schema={**m.schema, "columns": columns})
+
+    hashed_model = string_hashed(DatasetManifest.load(export / "dataset")).to_dict()
+    with pytest.raises(DatasetError, match=r"transforms differ from the model's: "
+                                           r"\['polars_version'\]"):
+        check_transforms(hashed_model, string_hashed(newer), str(again))
+
 
 @pytest.mark.slow
 def test_raw_rows_score_as_the_preprocessed_split(criteo_8k: Path, tmp_path: Path) -> None:
