@@ -24,6 +24,9 @@ logger = logging.getLogger(__name__)
 
 #: Settings fixed by what a checkpoint holds; any other may change across a resume.
 FIXED = ("model", "embedding_optimizer.kind", "dense_optimizer.kind")
+#: Model settings added after runs began writing ``config.json``, with the value that builds
+#: the model such a run saved: a ``config.json`` without the key resumes with it.
+ADDED_SINCE = {"model.first_order": False}
 
 
 def _flat(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -67,12 +70,24 @@ def resume_config(out: str | Path, config: str | Path | None,
     saved = saved_config(out)
     if saved is None:
         return load_config(config, overrides)
+    older = _settings_added_since(saved)
     if config is None:
         logger.info("resuming with the run's settings (%s)%s", saved,
                     f" and {' '.join(overrides)}" if overrides else "")
-        resumed = load_config(saved, overrides)
-        check_resumable(load_config(saved), resumed, f"{saved} + overrides")
+        resumed = load_config(saved, [*older, *overrides])
+        check_resumable(load_config(saved, older), resumed, f"{saved} + overrides")
         return resumed
     resumed = load_config(config, overrides)
-    check_resumable(load_config(saved), resumed, str(config))
+    check_resumable(load_config(saved, older), resumed, str(config))
     return resumed
+
+
+def _settings_added_since(saved: Path) -> list[str]:
+    """Overrides giving a ``config.json`` written before a model setting existed the value
+    its run trained with (:data:`ADDED_SINCE`)."""
+    try:
+        written = _flat(json.loads(saved.read_text()))
+    except (OSError, ValueError):
+        return []  # load_config reports an unreadable file itself
+    return [f"{key}={json.dumps(value)}" for key, value in ADDED_SINCE.items()
+            if key not in written]

@@ -56,3 +56,20 @@ def test_cli_resume_needs_no_flags(tmp_path: Path) -> None:
     errors = [line for line in error_lines(bad.stderr) if line.startswith("error:")]
     assert bad.returncode == 1 and len(errors) == 1 and "model.embedding_dim: 8 -> 16" in errors[0]
     assert "Traceback" not in bad.stderr
+
+
+def test_a_run_from_before_first_order_resumes_as_it_trained(tmp_path: Path) -> None:
+    # A model without dense features trained before model.first_order existed has no
+    # learned vector; its config.json does not name the setting (now true by default).
+    make_dataset(tmp_path / "ds", rows=256, num_dense=0, num_sparse=3, seed=0)
+    args = [CTRCTL, "train", "--dataset", "ds", "--out", "run", "--no-track"]
+    first = run([*args, *SMALL, "model.first_order=false", "training.max_steps=2"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    saved = tmp_path / "run" / "config.json"
+    written = json.loads(saved.read_text())
+    del written["model"]["first_order"]
+    saved.write_text(json.dumps(written))
+    assert resume_config(tmp_path / "run", None, []).model.first_order is False
+    again = run([*args, "--resume", "training.max_steps=4"], tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["step"] == 4
