@@ -186,12 +186,13 @@ class DistributedModelParallel(nn.Module):
                        if any(name.startswith(prefix) for prefix in self._sharded_prefixes(
                            sharded))]
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(sharded, ignore)
-            # Buffers are built identically on every rank: no per-step broadcast of them.
+            # Buffers are built identically on every rank: no per-step broadcast of them
+            # (the one at construction copies equal values).
             wrapped = DistributedDataParallel(sharded, process_group=dense_process_group
                                               if dense_process_group is not None
                                               else process_group,
                                               find_unused_parameters=find_unused_parameters,
-                                              broadcast_buffers=False,
+                                              forward_sync_buffers=False,
                                               gradient_as_bucket_view=True)
         self.module = wrapped
 
