@@ -16,6 +16,7 @@ import sys
 
 import mlflow
 import numpy as np
+import pandas as pd
 from mlflow.pyfunc import PythonModel
 
 
@@ -30,7 +31,8 @@ class ServingArtifactModel(PythonModel):
 
         self.model = serving.load(folder)
 
-    def predict(self, context, model_input, params=None):
+    # The frame's hint: MLflow checks the logged signature (it infers none from the hint).
+    def predict(self, context, model_input: pd.DataFrame, params=None):
         frame = model_input.replace({np.nan: None})
         return np.asarray(self.model.predict_records(frame.to_dict("records")),
                           dtype=np.float64)

@@ -308,13 +308,14 @@ class ScoreMetric(Metric):
                         f"{self.exact_limit:,}", f"{self.binning.num_bins:,}")
             self._drop_rows()
             return
-        self.held_labels.append(torch.from_numpy(labels).to(device))
-        self.held_scores.append(torch.from_numpy(scores).to(device))
+        # Copies: the caller's arrays may be read-only (Arrow's) or reused for its next batch.
+        self.held_labels.append(torch.tensor(labels, device=device))
+        self.held_scores.append(torch.tensor(scores, device=device))
         if weights is not None and not self.held_weights:
             # the first weighted batch: the earlier ones weighed 1
             self.held_weights.extend(torch.ones_like(s) for s in self.held_scores[:-1])
         if weights is not None or self.held_weights:
-            self.held_weights.append(torch.from_numpy(w).to(device))
+            self.held_weights.append(torch.tensor(w, device=device))
 
     def _drop_rows(self) -> None:
         self.held_labels, self.held_scores, self.held_weights = [], [], []

@@ -114,3 +114,20 @@ def test_synced_metrics_equal_one_process_on_the_union(world_size: int,
             assert set(result[mode]) == set(single)
             for key, value in single.items():
                 _close(result[mode][key], value, f"rank {rank} {mode} {key}")
+
+
+def test_held_rows_are_copies_of_the_callers_arrays() -> None:
+    # A caller that fills one buffer per batch (or hands over Arrow's read-only arrays)
+    # must not change the rows already held for the exact AUC.
+    labels, scores, _ = metric_rows()
+    half = labels.size // 2
+    auc = StreamingAUC()
+    buffer_labels, buffer_scores = labels[:half].copy(), scores[:half].astype(np.float64)
+    auc.update(buffer_labels, buffer_scores)
+    buffer_labels[:] = labels[half:2 * half]
+    buffer_scores[:] = scores[half:2 * half]
+    auc.update(buffer_labels, buffer_scores)
+    read_only = scores[2 * half:].astype(np.float64)
+    read_only.flags.writeable = False
+    auc.update(labels[2 * half:], read_only)
+    _close(float(auc.compute()["auc"]), roc_auc_score(labels, scores.astype(np.float64)), "auc")
