@@ -80,6 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("[bold red]interrupted[/]")
         return 130
+    except Exception as exc:
+        # The serving artifact's loader runs without ctrctl, so its errors are its own class
+        # (imported only once an artifact was read: the CLI starts without torch).
+        loader = sys.modules.get("ctrctl.inference.standalone")
+        if loader is None or not isinstance(exc, loader.ArtifactError):
+            raise
+        if _state["verbose"]:
+            console.print_exception()
+        console.print(f"[bold red]error:[/] {exc} (pass a folder `ctrctl quantize --out` "
+                      "wrote, unchanged since)", highlight=False, soft_wrap=True)
+        return 1
     return 0
 
 

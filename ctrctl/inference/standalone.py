@@ -66,8 +66,12 @@ def verify(folder):
             manifest = json.load(handle)
     except FileNotFoundError:
         raise ArtifactError(f"{where}: no manifest: not a ctrctl serving artifact") from None
-    except json.JSONDecodeError as exc:
+    except OSError as exc:  # a file where the folder should be, no permission
+        raise ArtifactError(f"{where}: cannot read the manifest ({exc.strerror})") from None
+    except ValueError as exc:  # not JSON, or not UTF-8
         raise ArtifactError(f"{where}: the manifest is not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise ArtifactError(f"{where}: the manifest is not a JSON object")
     if manifest.get("format") != FORMAT:
         raise ArtifactError(f"{where}: format {manifest.get('format')!r} is not {FORMAT!r}")
     if manifest.get("format_version") != FORMAT_VERSION:

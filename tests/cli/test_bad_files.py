@@ -112,3 +112,20 @@ def test_predict_and_quantize_check_their_outputs_first(work: Path) -> None:
         done = run([CTRCTL, *args], work)
         errors = [line for line in error_lines(done.stderr) if line.startswith("error:")]
         assert done.returncode == 1 and len(errors) == 1 and where in errors[0], done.stderr
+
+
+@pytest.mark.parametrize("model,what", [
+    ("nowhere", "no manifest: not a ctrctl serving artifact"),
+    ("ds", "format 'ctrctl.dataset' is not 'ctrctl.export'"),
+    ("bad-manifest", "not valid JSON"),
+    ("a-file", "cannot read the manifest")])
+def test_predict_names_a_folder_that_is_not_an_artifact(work: Path, model: str,
+                                                        what: str) -> None:
+    before = _before(work)
+    done = run([CTRCTL, "predict", "--model", model, "--dataset", "ds", "--out", "o"], work)
+    errors = [line for line in error_lines(done.stderr) if line.startswith("error:")]
+    assert done.returncode == 1, done.stderr
+    assert len(errors) == 1 and f"{model}/manifest.json" in errors[0] and what in errors[0], \
+        done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (work / "o").exists() and _before(work) == before
