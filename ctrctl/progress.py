@@ -29,9 +29,10 @@ class Progress:
     def advance(self, amount: float = 1, **fields: Any) -> None:
         """Record ``amount`` more units done; ``fields`` are shown beside (loss=..., auc=...)."""
 
-    def finish(self) -> None:
-        """End the current task (a total that the units done passed was an estimate: the
-        final count stands in for it)."""
+    def finish(self, completed: bool = True) -> None:
+        """End the current task: ``completed``, its work is all done (a total that the units
+        done passed was an estimate: the final count stands in for it); else an error
+        stopped it."""
 
 
 NullProgress = Progress
@@ -74,9 +75,9 @@ class LogProgress(Progress):
             self._last = now
             self.log.info(self._line(fields))
 
-    def finish(self) -> None:
+    def finish(self, completed: bool = True) -> None:
         if self._description:
-            if self._total and self._done > self._total:  # the total was an estimate
+            if completed and self._total and self._done > self._total:  # an estimate
                 self._total = self._done
-            self.log.info(self._line({}) + " done")
+            self.log.info(self._line({}) + (" done" if completed else " stopped"))
         self._description = ""

@@ -147,11 +147,11 @@ class RichProgress(Progress):
             self._task, advance=amount, rate=f"{speed:,.0f} {self._unit}/s", extra=extra
         )
 
-    def finish(self) -> None:
+    def finish(self, completed: bool = True) -> None:
         if self._bar is not None:
             task = self._bar.tasks[0]
-            if task.total is not None and task.completed > task.total:  # an estimate
-                self._bar.update(self._task, total=task.completed)
+            if completed and task.total is not None and task.completed > task.total:
+                self._bar.update(self._task, total=task.completed)  # the total was an estimate
             if not self.embedded:
                 self._bar.stop()
             self._bar = None

@@ -344,7 +344,7 @@ def _run(
                 counts.append(_stream_job(schema, job, kinds, vocabs, staged, on_bad_rows,
                                           row_group_size, progress))
     finally:
-        progress.finish()
+        progress.finish(completed=len(counts) == len(jobs))
     timings["stream"] = time.perf_counter() - t0
     if on_bad_rows == "skip":
         for job, count in zip(jobs, counts, strict=True):

@@ -248,6 +248,10 @@ def _check_sources(
         )
     if predictions is not None and checkpoint is not None:
         raise ConfigError("pass either --checkpoint or --predictions, not both")
+    if checkpoint is not None:  # before anything is read or staged: a wrong path, at once
+        from ctrctl.checkpoint import read_metadata
+
+        read_metadata(checkpoint)
 
 
 def evaluate(
@@ -390,6 +394,7 @@ def _measure(
     next_row = rank_range(total, rank, world_size)[0] if total is not None and \
         checkpoint is not None else None
     progress.start(f"eval {split}", total=total // world_size if total else None, unit="rows")
+    completed = False
     try:
         for batch in _scores(checkpoint, dataset, predictions, split, wanted, rank,
                              world_size, batch_size):
@@ -401,10 +406,11 @@ def _measure(
             if next_row is not None:
                 next_row += len(batch)
             progress.advance(len(batch))
+        completed = True
     finally:
         if writer is not None:
             writer.close()
-        progress.finish()
+        progress.finish(completed)
     for seg in segments.values():
         seg.sync(group)
     details = acc.compute()  # synced over the ranks of group
