@@ -521,7 +521,7 @@ class _Trainer:
             pipeline.close(wait=not failed)  # its loading thread stops reading the source
             self.pipeline = None
             source.close()
-        self.progress.finish()
+            self.progress.finish(completed=not failed)  # a bar an error stopped ends too
         if t.trace is not None:
             path = write_trace(t.trace, self.tracer)
             if path is not None:
