@@ -608,6 +608,23 @@ REMOVED_KEYS: tuple[tuple[str, str], ...] = (
     ("preprocess", "schema_path"), ("preprocess", "inputs"), ("eval", "splits"))
 
 
+#: Model settings added after ctrctl began saving configs (a run's ``config.json``, a
+#: checkpoint's metadata), with the value that builds the model such a config saved.
+ADDED_SINCE: tuple[tuple[str, str, Any], ...] = (("model", "first_order", False),)
+
+
+def as_saved_before(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config ctrctl saved, with each setting it predates (:data:`ADDED_SINCE`) at the
+    value its run trained with; user configs are not passed here (they get the defaults)."""
+    out = dict(data)
+    for section, key, value in ADDED_SINCE:
+        part = out.get(section)
+        part = dict(part) if isinstance(part, Mapping) else {}
+        part.setdefault(key, value)
+        out[section] = part
+    return out
+
+
 def _drop_removed(data: Mapping[str, Any], where: str) -> dict[str, Any]:
     out = dict(data)
     for section, key in REMOVED_KEYS:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ctrctl import checkpoint as ckpt
-from ctrctl.config import PipelineConfig, parse_config
+from ctrctl.config import PipelineConfig, as_saved_before, parse_config
 from ctrctl.data.batch import Batch
 from ctrctl.data.dataset import BatchLoader
 from ctrctl.data.manifest import DatasetManifest
@@ -58,10 +58,7 @@ def load_model(
         raise CheckpointError("the checkpoint does not record its dataset manifest",
                               where=str(meta.path))
     manifest = DatasetManifest.from_dict(manifest_data, where=str(meta.path / "metadata.json"))
-    stored = dict(meta.config)
-    # Checkpoints from before model.first_order existed have no learned vector (DLRM).
-    stored["model"] = {"first_order": False, **stored.get("model", {})}
-    config = parse_config(stored, where=str(meta.path / "metadata.json"))
+    config = parse_config(as_saved_before(meta.config), where=str(meta.path / "metadata.json"))
     torch.manual_seed(config.training.seed)
     model = model_io.build_model(config, manifest, torch.device(device))
     model_io.load_tables(model, meta.path, with_optimizer=False)

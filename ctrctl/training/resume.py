@@ -17,16 +17,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ctrctl.config import PipelineConfig, load_config
+from ctrctl.config import ADDED_SINCE, PipelineConfig, load_config
 from ctrctl.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 #: Settings fixed by what a checkpoint holds; any other may change across a resume.
 FIXED = ("model", "embedding_optimizer.kind", "dense_optimizer.kind")
-#: Model settings added after runs began writing ``config.json``, with the value that builds
-#: the model such a run saved: a ``config.json`` without the key resumes with it.
-ADDED_SINCE = {"model.first_order": False}
 
 
 def _flat(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -84,10 +81,10 @@ def resume_config(out: str | Path, config: str | Path | None,
 
 def _settings_added_since(saved: Path) -> list[str]:
     """Overrides giving a ``config.json`` written before a model setting existed the value
-    its run trained with (:data:`ADDED_SINCE`)."""
+    its run trained with (:data:`ctrctl.config.ADDED_SINCE`)."""
     try:
         written = _flat(json.loads(saved.read_text()))
     except (OSError, ValueError):
         return []  # load_config reports an unreadable file itself
-    return [f"{key}={json.dumps(value)}" for key, value in ADDED_SINCE.items()
-            if key not in written]
+    return [f"{section}.{key}={json.dumps(value)}" for section, key, value in ADDED_SINCE
+            if f"{section}.{key}" not in written]
