@@ -8,6 +8,8 @@ One DLRM (26 tables x 100,000 rows x dim 64, 13 dense, dense arch 512,256,64, ov
 * ``ctrctl int8 exported``: the ``torch.export`` program of the INT8 serving model;
 * ``ctrctl int8 bf16-dense``: INT8 tables pooled into bfloat16, the interaction and MLPs in
   bfloat16 (``--dense-dtype bf16``; on CPUs with AMX or AVX512-BF16 oneDNN's bf16 GEMMs);
+* ``ctrctl int8 bf16 compiled``: that model's exported program compiled by TorchInductor
+  as ``serving.load(..., compile=True)`` compiles it (``standalone.compile_program``);
 * ``torchrec fp32`` / ``int8`` / ``int4``: TorchRec's DLRM on the same tables, and
   ``torchrec.inference.modules.quantize_inference_model`` of it (``qint8`` / ``quint4x2``).
   TorchRec is a benchmark reference only (``make bench-setup`` installs it).
@@ -38,6 +40,7 @@ import torch
 
 from ctrctl.inference.export import export_program
 from ctrctl.inference.quantize import QuantizeConfig, quantize_dlrm
+from ctrctl.inference.standalone import compile_program
 from ctrctl.io import write_json_atomic
 from ctrctl.modules import DLRM, EmbeddingBagCollection, EmbeddingBagConfig
 from ctrctl.sparse import KeyedJaggedTensor
@@ -132,6 +135,10 @@ def runners(args: argparse.Namespace) -> dict[str, Callable[[dict[str, torch.Ten
             bf16, _, _ = quantize_dlrm(ours, QuantizeConfig(dtype=dtype, dense_dtype="bf16"))
             out["ctrctl int8 bf16-dense"] = (
                 lambda m: lambda x: m(x["dense"], x["ids"], x["lengths"]))(bf16)
+            compiled = compile_program(export_program(bf16), NUM_DENSE, NUM_TABLES,
+                                       batch=args.candidates)
+            out["ctrctl int8 bf16 compiled"] = (
+                lambda m: lambda x: m(x["dense"], x["ids"], x["lengths"]))(compiled)
     if not args.no_torchrec:
         from torchrec.sparse.jagged_tensor import KeyedJaggedTensor as TrKJT
 
@@ -198,9 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     after = loadavg()
     print(f"\n{args.requests} requests of {args.candidates} candidates, batches of {BATCH}, "
           f"{args.threads} threads; loadavg before {before} / after {after}")
-    print(f"{'variant':24} {'p50 ms':>8} {'p99 ms':>8} {'samples/s':>11} {'min..max':>17}")
+    print(f"{'variant':26} {'p50 ms':>8} {'p99 ms':>8} {'samples/s':>11} {'min..max':>17}")
     for name, r in results.items():
-        print(f"{name:24} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['samples_per_s']:11,.0f} "
+        print(f"{name:26} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['samples_per_s']:11,.0f} "
               f"{r['samples_per_s_min']:8,.0f}..{r['samples_per_s_max']:,.0f}")
     ratios = {}
     for dtype in ("fp32", "int8", "int4"):

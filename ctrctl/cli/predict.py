@@ -20,6 +20,10 @@ def predict_command(
     input: Annotated[Path | None, typer.Option(
         "--input", help="Raw logs in the model's schema (instead of --dataset).")] = None,
     batch_size: Annotated[int, typer.Option(help="Rows per scoring batch.")] = 8192,
+    compile: Annotated[bool, typer.Option(
+        "--compile", help="Compile the program for this machine first (TorchInductor, needs a "
+        "C++ compiler; some seconds, then faster scoring; uncompiled with a warning where it "
+        "cannot).")] = False,
     overwrite: Overwrite = False,
 ) -> None:
     """Write label + score Parquet (what `ctrctl eval --predictions` reads)."""
@@ -31,10 +35,11 @@ def predict_command(
     with locked(out, "predict"):
         if dataset is not None:
             result = predict_dataset(model, dataset, split, out, batch_size=batch_size,
-                                     overwrite=overwrite)
+                                     overwrite=overwrite, compile=compile)
         else:
             assert input is not None
-            result = predict_raw(model, input, out, batch_size=batch_size, overwrite=overwrite)
+            result = predict_raw(model, input, out, batch_size=batch_size, overwrite=overwrite,
+                                 compile=compile)
     console.print(f"scored {result.rows:,} rows in {result.seconds:.2f} s "
                   f"({result.rows_per_s:,.0f} rows/s) -> {result.out}")
 

@@ -321,9 +321,10 @@ def _manifest(quantized: QuantizedModel, program: torch.export.ExportedProgram,
     }
 
 
-def load_artifact(folder: str | Path, device: str = "cpu") -> Any:
-    """Verify and load an artifact with its standalone loader (a ``serving.ServingModel``)."""
-    return standalone.load(str(folder), device=device)
+def load_artifact(folder: str | Path, device: str = "cpu", compile: bool = False) -> Any:
+    """Verify and load an artifact with its standalone loader (a ``serving.ServingModel``;
+    ``compile``: see :func:`ctrctl.inference.standalone.load`)."""
+    return standalone.load(str(folder), device=device, compile=compile)
 
 
 def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *,

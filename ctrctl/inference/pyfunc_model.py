@@ -10,6 +10,10 @@ Not imported by ctrctl (it registers the model when run); its path is handed to 
 Input: a pandas frame of raw feature values, one column per feature of the artifact's
 input contract (missing columns and empty values are missing values). Output: one click
 probability per row.
+
+Model config: ``compile`` (default false) compiles the program with TorchInductor at load
+(``serving.load``'s ``compile``), e.g. ``mlflow.pyfunc.load_model(uri,
+model_config={"compile": True})``.
 """
 
 import sys
@@ -29,7 +33,8 @@ class ServingArtifactModel(PythonModel):
             sys.path.insert(0, folder)
         import serving
 
-        self.model = serving.load(folder)
+        config = getattr(context, "model_config", None) or {}
+        self.model = serving.load(folder, compile=bool(config.get("compile", False)))
 
     # The frame's hint: MLflow checks the logged signature (it infers none from the hint).
     def predict(self, context, model_input: pd.DataFrame, params=None):

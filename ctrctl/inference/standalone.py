@@ -1,7 +1,7 @@
 """Load and run a ctrctl serving artifact with torch, fbgemm_gpu and safetensors alone.
 
 This file is copied into every artifact as ``serving.py`` and must not import ctrctl: it
-imports only torch, safetensors, json and hashlib (and fbgemm_gpu, which registers the
+imports only torch, safetensors, json, hashlib and warnings (and fbgemm_gpu, which registers the
 embedding kernel's op, when the program uses it). Raw rows of string features in hash mode
 need the preprocess step's string hash, which is polars' ``hash(seed)``: for them (and only
 them) polars is imported, and before its first use it must give the ids the artifact
@@ -25,10 +25,19 @@ Example:
     >>> model = serving.load("export")
     >>> model.predict_records([{"I1": "3", "C1": "68fd1e64", ...}])     # [0.031, ...]
     >>> model.score(dense, ids, lengths)                                # (B,) tensor
+    >>> fast = serving.load("export", compile=True)    # TorchInductor: needs a C++ compiler
+
+``compile=True`` compiles the program for this machine with TorchInductor (part of torch;
+on CPU it needs a C++ compiler) at load time, several seconds: the weights become
+constants of the compiled code (``freezing``), so oneDNN's bfloat16 layers get prepacked
+weights, and the interaction's concatenations, conversions and gathers are fused. Where
+it cannot compile, the program runs as exported, with a warning. It scores as the program
+does (bitwise in the tests).
 """
 
 import hashlib
 import json
+import warnings
 
 import torch
 from safetensors.torch import load_file
@@ -101,13 +110,16 @@ class ServingModel:
         manifest: the artifact's manifest.
         contract: the input contract (features, order, hash sizes or vocabularies,
             dense transforms).
+        compiled: whether the program runs compiled (``load(..., compile=True)`` that
+            succeeded).
     """
 
-    def __init__(self, folder, manifest, module, vocabularies):
+    def __init__(self, folder, manifest, module, vocabularies, compiled=False):
         self.folder = folder
         self.manifest = manifest
         self.contract = manifest["input"]
         self.module = module
+        self.compiled = compiled
         self._vocab = vocabularies
         self._hashers = {}
         self._sizes = torch.tensor([f["num_embeddings"] for f in self.contract["sparse"]],
@@ -296,8 +308,15 @@ def _sparse_ids(feature, keys, vocabulary):
     return out
 
 
-def load(folder, device="cpu"):
-    """Verify and load an artifact folder; returns a :class:`ServingModel`."""
+def load(folder, device="cpu", compile=False):
+    """Verify and load an artifact folder; returns a :class:`ServingModel`.
+
+    Args:
+        folder: the artifact folder.
+        device: where the tensors go.
+        compile: compile the program with TorchInductor (module docstring); where that
+            fails the program runs as exported, with a warning.
+    """
     manifest = verify(folder)
     program = manifest["program"]
     if program.get("needs_fbgemm"):
@@ -338,4 +357,86 @@ def load(folder, device="cpu"):
         if feature["mode"] == "vocab":
             with open(_join(folder, feature["vocabulary"])) as handle:
                 vocabularies[feature["name"]] = json.load(handle)
-    return ServingModel(folder, manifest, exported.module(), vocabularies)
+    module, compiled = exported.module(), False
+    if compile:
+        contract = manifest["input"]
+        try:
+            module = compile_program(exported, len(contract["dense"]),
+                                     len(contract["sparse"]), device)
+            compiled = True
+        except Exception as exc:  # no C++ compiler, an op Inductor cannot lower, ...
+            reason = (str(exc).strip().splitlines() or [""])[0][:300]
+            warnings.warn(f"{folder}: the program could not be compiled "
+                          f"({type(exc).__name__}: {reason}); it runs as exported",
+                          RuntimeWarning, stacklevel=2)
+    return ServingModel(folder, manifest, module, vocabularies, compiled)
+
+
+# ---- compiling ---------------------------------------------------------------------------------
+COMPILE_BATCH = 512  # the batch the compiled layers are tuned for: a request of candidates
+
+
+def compile_program(exported, num_dense, num_sparse, device="cpu", batch=COMPILE_BATCH):
+    """``exported`` (a ``torch.export`` program) compiled by TorchInductor, warmed up.
+
+    The program's oneDNN bfloat16 layers (``mkldnn._linear_pointwise`` with plain weights,
+    which Inductor does not lower) are written back as ``linear`` + ``relu`` first; with
+    ``freezing`` Inductor fuses them again, on weights prepacked for ``batch`` rows.
+    Compiling happens in two warm-up calls, a batch of ``batch`` (a graph for every batch
+    size but 1) and a batch of 1 (which torch specializes): no later call compiles again.
+
+    Args:
+        exported: the program, with its weights in place.
+        num_dense, num_sparse: the input contract's feature counts (for the warm-up
+            inputs).
+        device: where the warm-up inputs go.
+        batch: the batch size the layers are tuned for (others run, a little slower).
+
+    Returns:
+        A callable ``(dense, ids, lengths) -> probabilities``, as ``exported.module()``.
+
+    Raises:
+        Exception: whatever Inductor raises where it cannot compile.
+    """
+    module = exported.module()  # a fresh graph over the same weights
+    _unfuse_linear_pointwise(module)
+    # Flat arguments in, a tuple out: without the program's pytree code, whose guards fail
+    # (and recompile, without the settings below) when a library registers pytree types.
+    module.graph._codegen = torch.fx.graph.CodeGen()
+    module.recompile()
+    flat = torch.compile(module, dynamic=True)
+
+    def compiled(dense, ids, lengths):
+        return flat(dense, ids, lengths)[0]
+
+    # Read when compiling only; torch.compile's own ``options`` do not carry ``freezing``.
+    # ``emulate_precision_casts`` rounds where the program rounds (bfloat16 casts), which
+    # keeps the scores the program's.
+    with torch._inductor.config.patch(freezing=True, cpp_wrapper=True,
+                                      emulate_precision_casts=True), torch.no_grad():
+        for rows in (max(2, batch), 1):
+            compiled(torch.zeros(rows, num_dense, device=device),
+                     torch.zeros(num_sparse * rows, dtype=torch.int64, device=device),
+                     torch.ones(num_sparse * rows, dtype=torch.int64, device=device))
+    return compiled
+
+
+def _unfuse_linear_pointwise(module):
+    """Replace the graph's ``mkldnn._linear_pointwise`` calls by ``linear`` (+ ``relu``)."""
+    fused = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    graph = module.graph
+    for node in list(graph.nodes):
+        if fused is None or node.op != "call_function" or node.target is not fused.default:
+            continue
+        x, weight, bias, activation = node.args[:4]
+        if activation not in ("none", "relu"):
+            raise ValueError(f"a fused layer with activation {activation!r}")
+        with graph.inserting_before(node):
+            out = graph.call_function(torch.ops.aten.linear.default, (x, weight, bias))
+            if activation == "relu":
+                out = graph.call_function(torch.ops.aten.relu.default, (out,))
+        out.meta = dict(node.meta)
+        node.replace_all_uses_with(out)
+        graph.erase_node(node)
+    graph.lint()
+    module.recompile()

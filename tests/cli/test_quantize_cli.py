@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -41,6 +42,12 @@ def test_quantize_and_predict_in_process(trained: Trained, tmp_path: Path,  # no
                  "--out", str(scores)]) == 0
     assert "rows/s" in capsys.readouterr().err
     assert pq.read_table(scores).column_names == ["label", "score"]
+    fast = tmp_path / "compiled.parquet"
+    assert main(["predict", "--model", str(export), "--dataset", str(trained.dataset.path),
+                 "--compile", "--out", str(fast)]) == 0
+    assert "could not be compiled" not in capsys.readouterr().err
+    np.testing.assert_allclose(pq.read_table(fast).column("score").to_numpy(),
+                               pq.read_table(scores).column("score").to_numpy(), rtol=1.3e-6)
     assert main(["predict", "--model", str(export), "--out", str(scores)]) == 1
     assert "one of --dataset and --input" in capsys.readouterr().err
 

@@ -144,18 +144,22 @@ def test_runs_in_a_process_without_ctrctl(artifact: Path, quantized: QuantizedMo
         model = serving.load({str(artifact)!r})
         request = load_file({str(tmp_path / "request.safetensors")!r})
         scores = model.score(request["dense"], request["ids"], request["lengths"])
-        save_file({{"scores": scores}}, {str(tmp_path / "scores.safetensors")!r})
+        fast = serving.load({str(artifact)!r}, compile=True)  # TorchInductor, still no ctrctl
+        compiled = fast.score(request["dense"], request["ids"], request["lengths"])
+        save_file({{"scores": scores, "compiled": compiled}},
+                  {str(tmp_path / "scores.safetensors")!r})
         loaded = [m for m in sys.modules if m.startswith("ctrctl") and sys.modules[m]]
-        print("ctrctl modules:", loaded)
+        print("ctrctl modules:", loaded, "compiled:", fast.compiled)
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "ctrctl modules: []" in result.stdout
+    assert "ctrctl modules: [] compiled: True" in result.stdout
     from safetensors.torch import load_file
 
-    theirs = load_file(str(tmp_path / "scores.safetensors"))["scores"]
-    assert torch.equal(theirs, quantized.model(dense, ids, lengths))
+    theirs = load_file(str(tmp_path / "scores.safetensors"))
+    assert torch.equal(theirs["scores"], quantized.model(dense, ids, lengths))
+    torch.testing.assert_close(theirs["compiled"], theirs["scores"])
 
 
 def test_predict_dataset_writes_scores_eval_reads(artifact: Path, trained: Trained,
