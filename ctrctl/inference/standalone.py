@@ -1,15 +1,16 @@
 """Load and run a ctrctl serving artifact with torch, fbgemm_gpu and safetensors alone.
 
 This file is copied into every artifact as ``serving.py`` and must not import ctrctl: it
-imports only torch, safetensors, json, hashlib and warnings (and fbgemm_gpu, which registers the
-embedding kernel's op, when the program uses it). Raw rows of string features in hash mode
-need the preprocess step's string hash, which is polars' ``hash(seed)``: for them (and only
-them) polars is imported, and before its first use it must give the ids the artifact
-recorded for a set of probe strings (the ids the training data's polars gave), so a polars
-whose hash differs is a clear error rather than wrong scores. Loading checks the manifest and the
-sha256 and size of every file before anything is read, so a tampered, truncated or swapped
-file is an :class:`ArtifactError` naming it; tensors come from safetensors and the program
-from ``torch.export`` with no weights and no example inputs in it, so nothing is unpickled.
+imports only torch, safetensors, json, hashlib and warnings (and fbgemm_gpu, which
+registers the embedding kernel's op, when the program uses it). Raw rows of string features
+in hash mode need the preprocess step's string hash, which is polars' ``hash(seed)``: for
+them (and only them) polars is imported, and before its first use it must give the ids the
+artifact recorded for a set of probe strings (the ids the training data's polars gave), so a
+polars whose hash differs is a clear error rather than wrong scores. Loading checks the
+manifest and the sha256 and size of every file before anything is read, so a tampered,
+truncated or swapped file is an :class:`ArtifactError` naming it; tensors come from
+safetensors and the program from ``torch.export`` with no weights and no example inputs in
+it, so nothing is unpickled.
 
 Folder::
 
@@ -32,7 +33,7 @@ on CPU it needs a C++ compiler) at load time, several seconds: the weights becom
 constants of the compiled code (``freezing``), so oneDNN's bfloat16 layers get prepacked
 weights, and the interaction's concatenations, conversions and gathers are fused. Where
 it cannot compile, the program runs as exported, with a warning. It scores as the program
-does (bitwise in the tests).
+does: bitwise for a bfloat16 dense part, within an ulp for an FP32 one, in the tests.
 """
 
 import hashlib
@@ -424,9 +425,11 @@ def compile_program(exported, num_dense, num_sparse, device="cpu", batch=COMPILE
 def _unfuse_linear_pointwise(module):
     """Replace the graph's ``mkldnn._linear_pointwise`` calls by ``linear`` (+ ``relu``)."""
     fused = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    if fused is None:  # a torch without it exported no such call
+        return
     graph = module.graph
     for node in list(graph.nodes):
-        if fused is None or node.op != "call_function" or node.target is not fused.default:
+        if node.op != "call_function" or node.target is not fused.default:
             continue
         x, weight, bias, activation = node.args[:4]
         if activation not in ("none", "relu"):
