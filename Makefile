@@ -22,7 +22,8 @@ STEPS := synth preprocess plan train eval quantize register
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py ctrctl/data/_fastparse.c ctrctl/modules/_embedding_kernel.c \
-		ctrctl/modules/_interaction_kernel.c ctrctl/modules/_native_threads.h
+		ctrctl/modules/_interaction_kernel.c ctrctl/modules/_interaction_loops.h \
+		ctrctl/modules/_native_threads.h
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev,$(FBGEMM_EXTRA)]"

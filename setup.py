@@ -62,7 +62,7 @@ setup(
             # Contraction stays on: FMA where the CPU has it (no bitwise match to keep).
             extra_compile_args=["-O3", "-Wno-psabi", "-pthread", OPENMP],
             extra_link_args=["-pthread", OPENMP],
-            depends=["ctrctl/modules/_native_threads.h"],
+            depends=["ctrctl/modules/_native_threads.h", "ctrctl/modules/_interaction_loops.h"],
             optional=True,
         ),
     ]

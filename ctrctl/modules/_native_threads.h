@@ -12,8 +12,18 @@
 #include <stdint.h>
 
 #if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
-#define CLONES __attribute__((target_clones("avx512f", "arch=haswell", "default")))
-#define KERNEL_ISA "avx512f,haswell (avx2+fma),x86-64 (runtime dispatch)"
+#define X86_DISPATCH 1
+/* The clones are chosen by the CPU's features. (GCC's "arch=haswell" clone is chosen by the
+ * CPU's model: it never ran on AMD's AVX2 CPUs nor on Intel's after Haswell without
+ * AVX-512, which took the plain x86-64 loops. "arch=x86-64-v3" is AVX2 + FMA, by feature;
+ * GCC before 12 and Clang have no such clone, and get an "avx2" one.) */
+#if defined(__clang__) || __GNUC__ < 12
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define KERNEL_ISA "avx512f,avx2,x86-64 (runtime dispatch)"
+#else
+#define CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+#define KERNEL_ISA "avx512f,x86-64-v3 (avx2+fma),x86-64 (runtime dispatch)"
+#endif
 #else
 #define CLONES
 #define KERNEL_ISA "portable"

@@ -36,7 +36,34 @@ def call(mod: torch.nn.Module, dense: torch.Tensor, sparse: torch.Tensor) -> tor
     return mod(dense, sparse) if isinstance(mod, DotInteraction) else mod(sparse)
 
 
-# (sparse features, dim, batch, pad_to): dims below, at and past the 16- and 64-wide blocks,
+LOOPS = ("avx512f", "avx2", "base")  # the kernel's widths: 16, 8 and 4 floats a vector
+
+
+@pytest.fixture(params=LOOPS)
+def loops(request: pytest.FixtureRequest) -> object:
+    """Each width of the C loops that this CPU runs, in turn (the one picked at import is
+    put back after)."""
+    ext = interaction_module._ext
+    picked = next(name for name in LOOPS if ext.use(name))
+    try:
+        if not ext.use(request.param):
+            pytest.skip(f"this CPU does not run the {request.param} loops")
+        yield request.param
+    finally:
+        ext.use(picked)
+
+
+def test_the_widest_loops_the_cpu_runs_are_picked() -> None:
+    ext = interaction_module._ext
+    widest = next(name for name in LOOPS if ext.use(name))  # use() leaves it in place
+    described = ext.isa()
+    assert described.startswith(widest.replace("avx2", "avx2+fma"))
+    with pytest.raises(ValueError, match="no loops named 'sse9'"):
+        ext.use("sse9")
+
+
+# (sparse features, dim, batch, pad_to): dims below, at and past the 4-, 8-, 16- and 64-wide
+# blocks,
 # vector counts below and past the 8-row groups, an odd and an even count (backward pairs
 # rows), a batch of one and an empty one.
 SHAPES = [(26, 64, 257, 8), (1, 16, 5, 1), (2, 5, 3, 4), (5, 17, 9, 8), (9, 80, 6, 1),
@@ -46,7 +73,7 @@ SHAPES = [(26, 64, 257, 8), (1, 16, 5, 1), (2, 5, 3, 4), (5, 17, 9, 8), (9, 80, 
 @pytest.mark.parametrize("with_dense", [True, False])
 @pytest.mark.parametrize(("features", "dim", "batch", "pad_to"), SHAPES)
 def test_forward_and_backward_match_the_reference(
-    features: int, dim: int, batch: int, pad_to: int, with_dense: bool
+    features: int, dim: int, batch: int, pad_to: int, with_dense: bool, loops: str
 ) -> None:
     if not with_dense and features < 2:  # one embedding has no pair: refused, not run
         with pytest.raises(ConfigError, match="two sparse features"):
@@ -96,7 +123,7 @@ def test_the_c_kernel_runs_and_agrees_with_torch_s_ops(monkeypatch: pytest.Monke
     torch.testing.assert_close(native, plain)
 
 
-def test_threads_do_not_change_the_result() -> None:
+def test_threads_do_not_change_the_result(loops: str) -> None:
     """Samples are split over threads, each computed alone: 1 and 2 threads agree bitwise."""
     gen = torch.Generator().manual_seed(4)
     dense, sparse = torch.randn(301, 64, generator=gen), torch.randn(301, 26, 64, generator=gen)
