@@ -99,6 +99,7 @@ def test_two_preprocess_on_one_out(logs: Path) -> None:
             assert pq.read_table(a).equals(pq.read_table(b))
 
 
+@pytest.mark.slow
 def test_two_trains_on_one_out(logs: Path) -> None:
     if not (logs / "raced").exists():
         subprocess.run([CTRCTL, "preprocess", "--schema",

@@ -117,6 +117,7 @@ def test_unverified_old_checkpoints_still_fail_cleanly(saved: Path, fault: str) 
     assert str(target) in info.value.render()
 
 
+@pytest.mark.slow
 def test_cli_says_one_line(tmp_path: Path) -> None:
     from ctrctl.testing.datasets import make_dataset
 

@@ -24,6 +24,7 @@ def _survivors(results: dict, victim: int, world_size: int) -> list[tuple]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_rank_killed_mid_step_is_named() -> None:
     results = run_ranks(kill_mid_step_body, 3, args=(1,), timeout_s=TIMEOUT_S)

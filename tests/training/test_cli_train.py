@@ -128,6 +128,7 @@ def test_train_two_processes_through_torchrun(ds: SyntheticDataset, tmp_path: Pa
     assert resumed.step == 15 and resumed.world_size == 1
 
 
+@pytest.mark.slow
 def test_the_checkpoint_stays_out_of_mlflow_by_default(ds: SyntheticDataset,
                                                        tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
@@ -144,6 +145,7 @@ def test_the_checkpoint_stays_out_of_mlflow_by_default(ds: SyntheticDataset,
     assert "metrics.json" in artifacts and "model" not in artifacts
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_pipeline_and_trace_flags_on_two_processes(ds: SyntheticDataset, tmp_path: Path) -> None:
     trace = tmp_path / "trace.json"

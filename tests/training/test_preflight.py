@@ -52,6 +52,7 @@ def test_an_overlapping_plan_fails_before_any_worker(work: Path, nproc: int) -> 
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.slow
 def test_an_existing_output_fails_before_the_workers_start(work: Path) -> None:
     done = run([CTRCTL, "train", "--dataset", "ds", "--out", "twice", *SMALL, "--no-track"], work)
     assert done.returncode == 0, done.stderr

@@ -58,6 +58,7 @@ def test_cli_resume_needs_no_flags(tmp_path: Path) -> None:
     assert "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_a_run_from_before_first_order_resumes_as_it_trained(tmp_path: Path) -> None:
     # A model without dense features trained before model.first_order existed has no
     # learned vector; its config.json does not name the setting (now true by default).
