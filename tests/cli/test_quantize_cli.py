@@ -83,3 +83,20 @@ def test_quantize_predict_eval(trained: Trained, tmp_path: Path) -> None:  # noq
     done = _run(["eval", "--predictions", str(scores), "--out", str(tmp_path / "eval"),
                  "--no-track"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("has_bf16", [False, True])
+def test_bf16_dense_layers_on_a_cpu_without_bf16_say_so(
+        trained: Trained, tmp_path: Path, capsys: pytest.CaptureFixture[str],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch, has_bf16: bool) -> None:
+    """Exporting bf16 dense layers where they would be emulated works, with a note naming
+    the missing instructions and the fp32 alternative; where the CPU has them, no note."""
+    import ctrctl.compat
+
+    monkeypatch.setattr(ctrctl.compat, "bf16_autocast_supported", lambda device="cpu": has_bf16)
+    export = tmp_path / "export"
+    assert main(["quantize", "--checkpoint", str(trained.run), "--dense-dtype", "bf16",
+                 "--out", str(export), "--no-track"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert (export / "manifest.json").exists()
+    assert ("no AMX-BF16 or AVX512-BF16" in err and "--dense-dtype fp32" in err) != has_bf16
