@@ -83,6 +83,7 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_two_preprocess_on_one_out(logs: Path) -> None:
     # --overwrite: only the lock can stop the second command.
     args = ["preprocess", "--schema", str(ROOT / "schemas" / "criteo_vocab.yaml"),

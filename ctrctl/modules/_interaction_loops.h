@@ -5,7 +5,7 @@
  *              (one SSE or NEON register). Sixteen floats on AVX2 are two registers: eight
  *              rows of accumulators then fill all sixteen and spill, and the transposes'
  *              two-source shuffles have no AVX2 instruction; measured on an AVX2 CPU,
- *              forward 51 -> 16 ms and backward 118 -> 17 ms (bench_train's batch, one
+ *              forward 51 -> 17 ms and backward 118 -> 17 ms (bench_train's batch, one
  *              thread) with 8.
  *     NAME(x)  the name of this width's x (x ## _avx512 ...);
  *     TARGET   the function attribute that builds for the instruction set (or nothing).

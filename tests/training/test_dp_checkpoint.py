@@ -27,6 +27,7 @@ OVERRIDES = [
 TYPES = {"C1": "data_parallel", "C2": "row_wise", "C3": "table_wise", "C4": "column_wise"}
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_data_parallel_table_is_saved_once_and_loads_on_one_process(tmp_path: Path) -> None:
     ds = make_dataset(tmp_path / "ds", {"train": 800, "val": 128}, num_dense=3, num_sparse=4,

@@ -123,6 +123,7 @@ def test_without_a_validation_split_the_cap_ends_the_run(tmp_path: Path) -> None
     assert not (tmp_path / "run" / BEST).exists()
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_best_weights_restore_sharded_on_two_ranks(ds: SyntheticDataset, tmp_path: Path) -> None:
     from ctrctl.distributed.default_plan import forced_plan

@@ -63,6 +63,7 @@ def _resume_on_two_ranks(ds: SyntheticDataset, tmp_path: Path, overrides: list[s
     return ranks[0]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_exact_pipelines_resume_bitwise_on_two_ranks(ds: SyntheticDataset,
                                                      tmp_path: Path) -> None:

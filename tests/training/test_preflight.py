@@ -33,6 +33,7 @@ def _errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
+@pytest.mark.slow
 def test_a_plan_with_one_process_is_checked_and_said_unused(work: Path) -> None:
     done = run([CTRCTL, "train", "--dataset", "ds", "--out", "one", "--plan", "plan.json",
                 *SMALL, "--no-track"], work)
