@@ -20,8 +20,9 @@
  * diagonal are computed); backward accumulates L dims of d v_i at a time over
  * the vectors. L is the floats of one vector register: the loops (_interaction_loops.h)
  * are built for AVX-512 (16), AVX2 + FMA (8) and plain x86-64 or other CPUs (4), and the
- * widest the CPU runs is picked at import (its features, not its model). torch's bmm is what this replaces: on CPU it runs 4,096 tiny GEMMs per batch
- * and the gather, concatenation and scatter around it each pass over memory again.
+ * widest the CPU runs is picked at import (its features, not its model). torch's bmm is
+ * what this replaces: on CPU it runs 4,096 tiny GEMMs per batch and the gather,
+ * concatenation and scatter around it each pass over memory again.
  *
  * The summation order differs from bmm's (and multiply-adds fuse where the CPU has FMA), so
  * results agree with torch to float32 rounding, not bitwise. Samples are split over threads.
