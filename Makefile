@@ -23,6 +23,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py ctrctl/data/_fastparse.c ctrctl/modules/_embedding_kernel.c \
 		ctrctl/modules/_interaction_kernel.c ctrctl/modules/_interaction_loops.h \
+		ctrctl/modules/_dense_kernel.c ctrctl/modules/_dense_loops.h \
 		ctrctl/modules/_native_threads.h
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

@@ -5,11 +5,13 @@
   optimizer update). It includes no torch headers (tensors cross as addresses), so the
   build needs no torch in pip's isolated build environment.
 * ``ctrctl.modules._interaction_kernel``: DLRM's dot interaction on CPU, forward and backward
-  (the same conventions).
+  (the same conventions);
+* ``ctrctl.modules._dense_kernel``: a GEMM for the MLPs' linear layers on CPUs where torch's
+  float32 matmul is slow (AMD's), bias and ReLU fused (the same conventions).
 
 All are optional: where no C compiler is available the build skips them and ctrctl runs
 on its polars path, its plain-torch or FBGEMM embedding kernels and torch's interaction.
-The two kernels are built with OpenMP where the compiler has it (their threads are then
+The three kernels are built with OpenMP where the compiler has it (their threads are then
 torch's own OpenMP threads: libgomp.so.1 is the library torch loads), with pthreads where it
 does not.
 """
@@ -63,6 +65,14 @@ setup(
             extra_compile_args=["-O3", "-Wno-psabi", "-pthread", OPENMP],
             extra_link_args=["-pthread", OPENMP],
             depends=["ctrctl/modules/_native_threads.h", "ctrctl/modules/_interaction_loops.h"],
+            optional=True,
+        ),
+        Extension(
+            "ctrctl.modules._dense_kernel",
+            sources=["ctrctl/modules/_dense_kernel.c"],
+            extra_compile_args=["-O3", "-Wno-psabi", "-pthread", OPENMP],
+            extra_link_args=["-pthread", OPENMP],
+            depends=["ctrctl/modules/_native_threads.h", "ctrctl/modules/_dense_loops.h"],
             optional=True,
         ),
     ]

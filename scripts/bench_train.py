@@ -6,13 +6,15 @@ trained by:
 
 * ``ctrctl``: :class:`ctrctl.modules.DLRM` on one embedding kernel for all 26 tables (the one
   ``backend="auto"`` picks: the native C kernel on CPU), exact row-wise Adagrad fused into
-  backward; fused Adagrad on the dense parameters. The dot interaction's backward is written
-  out and its output padded to 416 columns (the same model: the padded weights stay zero);
+  backward; fused Adagrad on the dense parameters. Its MLPs run where ``kernel="auto"`` puts
+  them: ctrctl's own GEMM on AMD CPUs, torch's ``nn.Linear`` (MKL) elsewhere. The dot
+  interaction's backward is written out and its output padded to 416 columns (the same
+  model: the padded weights stay zero);
 * ``ctrctl-bf16``: the same model object with bf16 autocast on its dense part (MLPs and
   interaction; fp32 master weights and embeddings), where the CPU has AMX-BF16/AVX512-BF16;
-* ``torch-sparse``: the same DLRM (ctrctl's MLP and DotInteraction, unpadded) with 26
-  ``nn.EmbeddingBag(sparse=True)`` and ``torch.optim.Adagrad`` on their sparse gradients,
-  Adagrad on the dense parameters: the plain-torch reference;
+* ``torch-sparse``: the same DLRM (ctrctl's MLP and DotInteraction on torch's ops, unpadded)
+  with 26 ``nn.EmbeddingBag(sparse=True)`` and ``torch.optim.Adagrad`` on their sparse
+  gradients, Adagrad on the dense parameters: the plain-torch reference;
 * ``torchrec``: TorchRec 1.8.0's DLRM and EmbeddingBagCollection under
   DistributedModelParallel at world size 1 (table_wise, fused row-wise Adagrad through
   ``apply_optimizer_in_backward``), Adagrad on the dense parameters. Skipped with a note when
@@ -68,6 +70,7 @@ from ctrctl.modules import (
     EmbeddingOptimizerConfig,
     dlrm_loss,
 )
+from ctrctl.modules.mlp import native_dense_preferred
 from ctrctl.sparse import KeyedJaggedTensor
 
 LR = 0.01
@@ -189,10 +192,12 @@ class SparseEmbeddingDLRM(nn.Module):
         bound = (1.0 / rows) ** 0.5
         for bag in self.bags:
             nn.init.uniform_(bag.weight, -bound, bound)
-        self.dense_arch = MLP(DENSE_FEATURES, [512, 256, dim])
-        self.interaction = DotInteraction(tables, kernel="torch")  # plain torch: bmm
+        # Plain torch: nn.Linear + nn.ReLU, and bmm for the interaction.
+        self.dense_arch = MLP(DENSE_FEATURES, [512, 256, dim], kernel="torch")
+        self.interaction = DotInteraction(tables, kernel="torch")
         self.over_arch = MLP(
-            self.interaction.output_dim(dim), [512, 256, 1], final_activation=False
+            self.interaction.output_dim(dim), [512, 256, 1], final_activation=False,
+            kernel="torch",
         )
         self.tables, self.dim = tables, dim
 
@@ -331,6 +336,8 @@ def build_steps(args: argparse.Namespace, notes: dict[str, str]) -> dict[str, St
         gc.collect()
     if ctrctl_step is not None:
         notes["ctrctl embedding kernel"] = ",".join(ctrctl_step.backends)  # type: ignore[attr-defined]
+        notes["ctrctl dense layers"] = (
+            "ctrctl's GEMM (_dense_kernel.c)" if native_dense_preferred() else "torch's")
     return steps
 
 
