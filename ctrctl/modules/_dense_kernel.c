@@ -92,6 +92,17 @@ static Packs *thread_packs(int64_t N) {
 #define MASK(type, ...) ((type){__VA_ARGS__})
 #endif
 
+/* The calling thread's blocks, freed: for the threads of the build without OpenMP, which
+ * start and end with each call (OpenMP's live on, and keep theirs). */
+static void release_thread_packs(void) {
+#ifndef _OPENMP
+    Packs *p = &packs_of_thread;
+    free(p->a);
+    free(p->b);
+    memset(p, 0, sizeof *p);
+#endif
+}
+
 /* ---- the loops, once per instruction set ------------------------------------------------ */
 
 #ifdef X86_DISPATCH

@@ -229,4 +229,5 @@ TARGET static void NAME(gemm_task)(void *ctx, int thread, int nthreads) {
         if (hi > lo && NAME(gemm_block)(g, g->c, lo, hi, 0, g->K, g->row_sums))
             g->failed[thread] = 1;
     }
+    if (thread > 0) release_thread_packs();
 }
