@@ -43,6 +43,7 @@
 #define KC 256
 #define MC 128
 #define NC 2048
+#define MIN_WORK (1 << 21) /* multiply-adds per thread: about 0.05 ms */
 
 typedef struct {
     int64_t M, N, K;
@@ -192,6 +193,10 @@ static PyObject *py_gemm(PyObject *self, PyObject *args) {
 
     if (nthreads < 1) nthreads = 1;
     if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    /* A thread per MIN_WORK multiply-adds at most: waking a team costs more than a small
+     * product (and spins against other processes' threads on a shared machine). */
+    const double work = (double)M * (double)N * (double)K;
+    if (work < (double)nthreads * MIN_WORK) nthreads = work < 2.0 * MIN_WORK ? 1 : (int)(work / MIN_WORK);
     /* Enough rows for every thread a few strips, or else the inner dimension is split. */
     g.split_k = nthreads > 1 && K > M && M < (int64_t)nthreads * MR * 16 && !g.bias && !g.relu;
     if (!g.split_k && nthreads > (M + MR - 1) / MR) nthreads = (int)((M + MR - 1) / MR);

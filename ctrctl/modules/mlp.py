@@ -34,6 +34,11 @@ DENSE_KERNELS: tuple[str, ...] = ("auto", "native", "torch")
 #: Layers narrower than this run on torch: a GEMM tile is 24 columns wide, and a layer of
 #: one output (the logit) is a matrix-vector product.
 NATIVE_MIN_WIDTH = 24
+#: With ``kernel="auto"``, layers of fewer multiply-adds per call (batch x in x out) than
+#: this run on torch: below it the autograd function's Python costs more than the GEMM
+#: saves (measured: a 1024 x 128 x 64 layer 10% slower on the C GEMM; bench_train's
+#: layers are 27-870 M).
+NATIVE_MIN_WORK = 1 << 24
 
 _PARAMETER_TYPES = (torch.Tensor, nn.Parameter)
 
@@ -143,9 +148,11 @@ class MLP(nn.Module):
         final_activation: apply ReLU after the last layer too (True for a bottom MLP,
             False for a head that produces logits).
         kernel: "auto" runs the layers on the C GEMM where it is the faster one
-            (:func:`native_dense_preferred`) for float32 CPU input, torch's layers
-            elsewhere; "native" runs the C GEMM wherever it can (float32 CPU tensors, no
-            autocast, no tracing); "torch" always runs torch's layers.
+            (:func:`native_dense_preferred`) for float32 CPU input and layers of at least
+            ``NATIVE_MIN_WORK`` multiply-adds a call, torch's layers elsewhere; "native"
+            runs the C GEMM wherever it can (float32 CPU tensors, no autocast, no tracing,
+            layers at least ``NATIVE_MIN_WIDTH`` wide); "torch" always runs torch's
+            layers.
     """
 
     def __init__(
@@ -185,7 +192,10 @@ class MLP(nn.Module):
             relu = i + 1 < len(modules) and type(modules[i + 1]) is nn.ReLU
             if (type(linear) is nn.Linear and type(linear.weight) in _PARAMETER_TYPES
                     and linear.weight.dtype == torch.float32
-                    and linear.out_features >= NATIVE_MIN_WIDTH):
+                    and linear.out_features >= NATIVE_MIN_WIDTH
+                    and (self.kernel == "native"
+                         or x.size(0) * linear.in_features * linear.out_features
+                         >= NATIVE_MIN_WORK)):
                 x = _NativeLinear.apply(x, linear.weight, linear.bias, relu,
                                         self.native_buffers[layer])
             else:  # a narrow layer (the logit), or one replaced (quantized): its own forward

@@ -10,7 +10,7 @@ from ctrctl.testing.sharding import ALL_TYPES, golden_body, golden_cases
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("world_size", [2, 3, pytest.param(4, marks=pytest.mark.slow)])
 def test_sharded_equals_unsharded(world_size: int) -> None:
     cases = golden_cases(world_size)
     passed = run_multiprocess(golden_body, world_size, args=(cases,), timeout_s=120)

@@ -206,6 +206,9 @@ def test_the_kernel_runs_where_asked_and_torch_elsewhere(monkeypatch: pytest.Mon
     assert calls == []
     monkeypatch.setattr(mlp_module, "_PREFERRED", True)
     MLP(16, [32], kernel="auto")(x)
+    assert calls == []  # 8 x 16 x 32 multiply-adds: too small to gain
+    monkeypatch.setattr(mlp_module, "NATIVE_MIN_WORK", 8 * 16 * 32)
+    MLP(16, [32], kernel="auto")(x)
     assert calls == [(8, 32, 16)]
 
 

@@ -15,9 +15,11 @@ pytestmark = pytest.mark.distributed
 MIXED = {"t0": "table_row_wise", "t1": "data_parallel", "t2": "table_wise"}
 
 
-@pytest.mark.parametrize("plan,kind", [
-    ("row_wise", "exact_rowwise_adagrad"), ("row_wise", "exact_sgd"),
-    ("table_wise", "exact_rowwise_adagrad"), ("column_wise", "exact_sgd"),
+@pytest.mark.parametrize("plan,kind", [  # the mixed plan and SGD in the fast suite
+    pytest.param("row_wise", "exact_rowwise_adagrad", marks=pytest.mark.slow),
+    ("row_wise", "exact_sgd"),
+    pytest.param("table_wise", "exact_rowwise_adagrad", marks=pytest.mark.slow),
+    pytest.param("column_wise", "exact_sgd", marks=pytest.mark.slow),
     (MIXED, "exact_rowwise_adagrad")],
     ids=["row_wise-adagrad", "row_wise-sgd", "table_wise-adagrad", "column_wise-sgd",
          "mixed-adagrad"])
