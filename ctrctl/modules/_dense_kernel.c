@@ -85,14 +85,6 @@ static Packs *thread_packs(int64_t N) {
     return p;
 }
 
-#if defined(__clang__)
-#define SHUFFLE2(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-#define MASK(type, ...) __VA_ARGS__
-#else
-#define SHUFFLE2(a, b, mask) __builtin_shuffle(a, b, mask)
-#define MASK(type, ...) ((type){__VA_ARGS__})
-#endif
-
 /* The calling thread's blocks, freed: for the threads of the build without OpenMP, which
  * start and end with each call (OpenMP's live on, and keep theirs). */
 static void release_thread_packs(void) {
@@ -127,10 +119,6 @@ typedef struct {
     int (*supported)(void);
 } Loops;
 
-static int always(void) { return 1; }
-#ifdef X86_DISPATCH
-static int has_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-#endif
 
 static const Loops LOOPS[] = {
 #ifdef X86_DISPATCH

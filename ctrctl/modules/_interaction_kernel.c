@@ -70,13 +70,6 @@ INLINE void prefetch_block(const float *p, int64_t floats) {
         __builtin_prefetch(c + off, 0, 3);
 }
 
-#if defined(__clang__)
-#define SHUFFLE2(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-#define MASK(type, ...) __VA_ARGS__
-#else
-#define SHUFFLE2(a, b, mask) __builtin_shuffle(a, b, mask)
-#define MASK(type, ...) ((type){__VA_ARGS__})
-#endif
 
 /* ---- the loops, once per instruction set ------------------------------------------------ */
 
@@ -113,11 +106,6 @@ typedef struct {
     int (*supported)(void);
 } Loops;
 
-static int always(void) { return 1; }
-#ifdef X86_DISPATCH
-static int has_avx512(void) { return __builtin_cpu_supports("avx512f"); }
-static int has_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-#endif
 
 /* Widest first. */
 static const Loops LOOPS[] = {

@@ -2,8 +2,8 @@
  * thread runner. Built with OpenMP (setup.py tries -fopenmp first) it runs the work on the
  * OpenMP runtime torch loads (libgomp.so.1: one library, one thread pool, no second runtime
  * beside torch's); built without (a compiler with no OpenMP) it starts pthreads per call
- * and joins them before returning. Included by _embedding_kernel.c and
- * _interaction_kernel.c.
+ * and joins them before returning. Included by _embedding_kernel.c, _interaction_kernel.c
+ * and _dense_kernel.c.
  */
 #ifndef CTRCTL_NATIVE_THREADS_H
 #define CTRCTL_NATIVE_THREADS_H
@@ -29,6 +29,25 @@
 #define KERNEL_ISA "portable"
 #endif
 #define INLINE static inline __attribute__((always_inline))
+
+/* Whether the CPU runs a build of the loops (the tables of loops of the kernels that pick
+ * theirs at import). */
+static inline int always(void) { return 1; }
+#ifdef X86_DISPATCH
+static inline int has_avx512(void) { return __builtin_cpu_supports("avx512f"); }
+static inline int has_avx2(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif
+
+/* A shuffle of two vectors' lanes, as GCC and Clang each spell it. */
+#if defined(__clang__)
+#define SHUFFLE2(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#define MASK(type, ...) __VA_ARGS__
+#else
+#define SHUFFLE2(a, b, mask) __builtin_shuffle(a, b, mask)
+#define MASK(type, ...) ((type){__VA_ARGS__})
+#endif
 
 #define MAX_THREADS 64
 
