@@ -233,8 +233,9 @@ static PyObject *py_use(PyObject *self, PyObject *args) {
     return NULL;
 }
 
-/* Whether this GEMM is the faster one here: an AMD CPU with AVX2 and FMA (measured: MKL's
- * sgemm runs its slower code paths there; on Intel's CPUs it is faster than this). */
+/* Whether this GEMM is the faster one here: an AMD CPU with AVX2 and FMA (measured on a
+ * Zen 3 EPYC: MKL's sgemm reaches about half the core's FMA peak there, this GEMM 60-70%;
+ * on Intel's CPUs MKL is faster than this). */
 static PyObject *py_preferred(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
