@@ -184,7 +184,8 @@ static PyObject *py_gemm(PyObject *self, PyObject *args) {
     /* A thread per MIN_WORK multiply-adds at most: waking a team costs more than a small
      * product (and spins against other processes' threads on a shared machine). */
     const double work = (double)M * (double)N * (double)K;
-    if (work < (double)nthreads * MIN_WORK) nthreads = work < 2.0 * MIN_WORK ? 1 : (int)(work / MIN_WORK);
+    if (work < (double)nthreads * MIN_WORK)
+        nthreads = work < 2.0 * MIN_WORK ? 1 : (int)(work / MIN_WORK);
     /* Enough rows for every thread a few strips, or else the inner dimension is split. */
     g.split_k = nthreads > 1 && K > M && M < (int64_t)nthreads * MR * 16 && !g.bias && !g.relu;
     if (!g.split_k && nthreads > (M + MR - 1) / MR) nthreads = (int)((M + MR - 1) / MR);
