@@ -12,14 +12,17 @@
  * masked output gradient g, whose column sums are db.
  *
  * Why: on AMD's CPUs torch's float32 matmul (Intel's MKL) runs at 40-55% of the FMA peak on
- * these shapes (measured on a Zen 3 EPYC: 36-42 GFLOP/s of 87 on one core); this GEMM runs
- * at 55-70%. On Intel's CPUs MKL is faster, and the MLPs keep it (ctrctl/modules/mlp.py).
+ * these shapes (measured on a Zen 3 EPYC: 36-42 GFLOP/s of 87 on one core; this GEMM 55-70%),
+ * and on AMD's CPUs with AVX-512 it runs AVX2 code (on a Zen 5 EPYC: 95 GFLOP/s, where the
+ * core's AVX-512 FMA peak is 248 and this GEMM's AVX-512 build reaches 180-200). On Intel's
+ * CPUs MKL is faster, and the MLPs keep it (ctrctl/modules/mlp.py).
  *
  * The algorithm is the classic blocked one (Goto's, as in BLIS): for NC columns of C at a
  * time, for KC of the inner dimension at a time, B's KC x NC block is packed into NR-column
  * strips (L2/L3); for MC rows at a time, A's MC x KC block is packed into MR-row strips (L2);
  * each MR x NR tile of C is then one strip of A times one strip of B, accumulated in
- * registers (4 x 24 floats: twelve 8-float vectors) over KC by broadcast multiply-adds, and
+ * registers (8 x 32 floats with AVX-512: sixteen 16-float vectors; 4 x 24 with AVX2: twelve
+ * 8-float vectors) over KC by broadcast multiply-adds, and
  * added to C. The bias and the ReLU are applied when a tile's last KC block is added, so
  * the output is written once more per extra KC block, never read again for them.
  *
@@ -36,12 +39,11 @@
 
 #include "_native_threads.h"
 
-#define VEC 8
-#define NV 3
-#define MR 4
-#define NR (NV * VEC)
-#define KC 256
-#define MC 128
+/* The largest blocks a build packs (its MR x NR tiles and KC, MC are set where it is
+ * included; NC is every build's). */
+#define PACK_MC 192
+#define PACK_KC 384
+#define PACK_NR 64
 #define NC 2048
 #define MIN_WORK (1 << 21) /* multiply-adds per thread: about 0.05 ms */
 
@@ -71,15 +73,16 @@ static __thread Packs packs_of_thread;
 
 static Packs *thread_packs(int64_t N) {
     Packs *p = &packs_of_thread;
-    const int64_t cols = ((N < NC ? N : NC) + NR - 1) / NR * NR;
+    /* Columns rounded up to whole strips of any build's width. */
+    const int64_t cols = ((N < NC ? N : NC) + PACK_NR - 1) / PACK_NR * PACK_NR + PACK_NR;
     if (!p->a) {
-        p->a = aligned_alloc(64, MC * KC * sizeof(float));
+        p->a = aligned_alloc(64, PACK_MC * PACK_KC * sizeof(float));
         if (!p->a) return NULL;
     }
-    if (p->b_floats < KC * cols) {
+    if (p->b_floats < PACK_KC * cols) {
         free(p->b);
-        p->b = aligned_alloc(64, KC * cols * sizeof(float));
-        p->b_floats = p->b ? KC * cols : 0;
+        p->b = aligned_alloc(64, PACK_KC * cols * sizeof(float));
+        p->b_floats = p->b ? PACK_KC * cols : 0;
         if (!p->b) return NULL;
     }
     return p;
@@ -99,32 +102,72 @@ static void release_thread_packs(void) {
 /* ---- the loops, once per instruction set ------------------------------------------------ */
 
 #ifdef X86_DISPATCH
+/* AVX-512: 8 x 32 tiles, sixteen 16-float accumulators. */
+#define NAME(x) x##_avx512
+#define TARGET __attribute__((target("avx512f,fma")))
+#define VEC 16
+#define MR 8
+#define NV 2
+#define KC 256
+#define MC 128
+#include "_dense_loops.h"
+#undef NAME
+#undef TARGET
+#undef VEC
+#undef MR
+#undef NV
+#undef KC
+#undef MC
+
+/* AVX2 + FMA: 4 x 24 tiles, twelve 8-float accumulators. */
 #define NAME(x) x##_avx2
 #define TARGET __attribute__((target("avx2,fma")))
+#define VEC 8
+#define MR 4
+#define NV 3
+#define KC 256
+#define MC 128
 #include "_dense_loops.h"
 #undef NAME
 #undef TARGET
+#undef VEC
+#undef MR
+#undef NV
+#undef KC
+#undef MC
 #endif
 
-/* Plain x86-64 (SSE2), and every other machine. */
+/* Plain x86-64 (SSE2), and every other machine: the AVX2 build's tiles. */
 #define NAME(x) x##_base
 #define TARGET
+#define VEC 8
+#define MR 4
+#define NV 3
+#define KC 256
+#define MC 128
 #include "_dense_loops.h"
 #undef NAME
 #undef TARGET
+#undef VEC
+#undef MR
+#undef NV
+#undef KC
+#undef MC
 
 typedef struct {
     const char *name, *describe;
     task_fn gemm;
     int (*supported)(void);
+    int mr; /* rows of a tile */
 } Loops;
 
 
 static const Loops LOOPS[] = {
 #ifdef X86_DISPATCH
-    {"avx2", "avx2+fma (4 x 24 tiles)", gemm_task_avx2, has_avx2},
+    {"avx512f", "avx512f (8 x 32 tiles)", gemm_task_avx512, has_avx512, 8},
+    {"avx2", "avx2+fma (4 x 24 tiles)", gemm_task_avx2, has_avx2, 4},
 #endif
-    {"base", "baseline (4 x 24 tiles)", gemm_task_base, always},
+    {"base", "baseline (4 x 24 tiles)", gemm_task_base, always, 4},
 };
 #define NUM_LOOPS (sizeof LOOPS / sizeof LOOPS[0])
 
@@ -187,8 +230,9 @@ static PyObject *py_gemm(PyObject *self, PyObject *args) {
     if (work < (double)nthreads * MIN_WORK)
         nthreads = work < 2.0 * MIN_WORK ? 1 : (int)(work / MIN_WORK);
     /* Enough rows for every thread a few strips, or else the inner dimension is split. */
-    g.split_k = nthreads > 1 && K > M && M < (int64_t)nthreads * MR * 16 && !g.bias && !g.relu;
-    if (!g.split_k && nthreads > (M + MR - 1) / MR) nthreads = (int)((M + MR - 1) / MR);
+    const int64_t mr = loops->mr;
+    g.split_k = nthreads > 1 && K > M && M < (int64_t)nthreads * mr * 16 && !g.bias && !g.relu;
+    if (!g.split_k && nthreads > (M + mr - 1) / mr) nthreads = (int)((M + mr - 1) / mr);
     if (g.split_k) {
         const int64_t floats = (nthreads - 1) * M * (N + (g.row_sums ? 1 : 0));
         float *memory = partial_memory(floats);
@@ -236,7 +280,8 @@ static PyObject *py_use(PyObject *self, PyObject *args) {
 
 /* Whether this GEMM is the faster one here: an AMD CPU with AVX2 and FMA (measured on a
  * Zen 3 EPYC: MKL's sgemm reaches about half the core's FMA peak there, this GEMM 60-70%;
- * on Intel's CPUs MKL is faster than this). */
+ * on a Zen 5 EPYC this GEMM's AVX-512 build is twice MKL's speed; on Intel's CPUs the
+ * AVX2 build measured slower than MKL, and the AVX-512 build is unmeasured there). */
 static PyObject *py_preferred(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
@@ -249,7 +294,7 @@ static PyObject *py_preferred(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"gemm", py_gemm, METH_VARARGS, "C = mask(A) B [+ bias, ReLU]; see the source."},
     {"isa", py_isa, METH_NOARGS, "The instruction set of the loops in use."},
-    {"use", py_use, METH_VARARGS, "Use the loops named (avx2, base) if the CPU can."},
+    {"use", py_use, METH_VARARGS, "Use the loops named (avx512f, avx2, base) if the CPU can."},
     {"preferred", py_preferred, METH_NOARGS, "Whether this GEMM is the faster one here."},
     {NULL, NULL, 0, NULL},
 };

@@ -2,11 +2,17 @@
  * instruction set it builds for, with
  *
  *     NAME(x)  the name of this build's x (x ## _avx2 ...);
- *     TARGET   the function attribute that builds for the instruction set (or nothing).
+ *     TARGET   the function attribute that builds for the instruction set (or nothing);
+ *     VEC      floats per vector (16: one AVX-512 register; 8: one AVX2 register, or two
+ *              SSE registers in the baseline build);
+ *     MR, NV   a tile of C is MR rows (a multiple of 4) by NR = NV * VEC columns;
+ *     KC, MC   the inner dimension's and C's rows' blocks (MC a multiple of MR; MC x KC
+ *              and KC x NC no more than the packs of _dense_kernel.c hold).
  *
- * Vectors are 8 floats (one AVX2 register; two SSE registers in the baseline build). The
- * algorithm is the header's of _dense_kernel.c.
+ * The algorithm is the header's of _dense_kernel.c.
  */
+
+#define NR (NV * VEC)
 
 typedef float NAME(vf) __attribute__((vector_size(VEC * sizeof(float))));
 typedef int32_t NAME(vi) __attribute__((vector_size(VEC * sizeof(int32_t))));
@@ -37,28 +43,28 @@ TARGET INLINE NAME(v4) NAME(masked4)(NAME(v4) v, const float *mask) {
 /* A's rows [i0, i0 + mc) x columns [k0, k0 + kc) into MR-row strips, k-major inside a strip
  * (pa[s * MR * kc + k * MR + r] = A(i0 + s * MR + r, k0 + k)), rows past the end zero; where
  * the GEMM masks A, entries whose mask is <= 0 are zero. With row_sums, each packed value
- * is also added to row_sums[row]. Whole strips of A's two layouts go four values at a time:
- * columns of A contiguous (g^T: four rows of a column are one load) or rows contiguous (x,
- * g: a 4 x 4 block is transposed in registers). */
+ * is also added to row_sums[row]. Whole strips of A's two layouts go four rows by four
+ * values at a time: columns of A contiguous (g^T: four rows of a column are one load) or
+ * rows contiguous (x, g: a 4 x 4 block is transposed in registers). */
 TARGET static void NAME(pack_a)(const Gemm *g, int64_t i0, int64_t mc, int64_t k0, int64_t kc,
                                 float *pa, float *row_sums) {
     if (g->a_row == 1 && mc % MR == 0 && mc <= MC) {
-        /* Columns of A contiguous: a column's mc values at once, each strip's four in turn
-         * (strip by strip would read each line of A once per strip). */
-        NAME(v4) sums[MC / MR];
+        /* Columns of A contiguous: a column's mc values at once, four rows at a time (strip
+         * by strip would read each line of A once per strip). */
+        NAME(v4) sums[MC / 4];
         memset(sums, 0, sizeof sums);
         for (int64_t k = 0; k < kc; k++) {
             const int64_t at = i0 + (k0 + k) * g->a_col;
-            for (int64_t s = 0; s < mc / MR; s++) {
-                const NAME(v4) v = NAME(masked4)(NAME(load4)(g->a + at + s * MR),
-                                                 g->mask ? g->mask + at + s * MR : NULL);
-                memcpy(pa + s * MR * kc + k * MR, &v, sizeof v);
-                sums[s] += v;
+            for (int64_t q = 0; q < mc / 4; q++) {
+                const NAME(v4) v = NAME(masked4)(NAME(load4)(g->a + at + q * 4),
+                                                 g->mask ? g->mask + at + q * 4 : NULL);
+                memcpy(pa + q / (MR / 4) * MR * kc + k * MR + q % (MR / 4) * 4, &v, sizeof v);
+                sums[q] += v;
             }
         }
         if (row_sums)
-            for (int64_t s = 0; s < mc / MR; s++)
-                for (int r = 0; r < MR; r++) row_sums[i0 + s * MR + r] += sums[s][r];
+            for (int64_t q = 0; q < mc / 4; q++)
+                for (int r = 0; r < 4; r++) row_sums[i0 + q * 4 + r] += sums[q][r];
         return;
     }
     for (int64_t s = 0; s < mc; s += MR, pa += MR * kc) {
@@ -68,23 +74,26 @@ TARGET static void NAME(pack_a)(const Gemm *g, int64_t i0, int64_t mc, int64_t k
         int64_t k = 0;
         if (rows == MR && g->a_col == 1) {
             const int64_t ld = g->a_row;
-            for (; k + 4 <= kc; k += 4) {
-                NAME(v4) r[4];
-                for (int q = 0; q < 4; q++)
-                    r[q] = NAME(masked4)(NAME(load4)(a + q * ld + k),
-                                         mask ? mask + q * ld + k : NULL);
-                const NAME(v4) t0 = SHUFFLE2(r[0], r[1], MASK(NAME(i4), 0, 4, 1, 5));
-                const NAME(v4) t1 = SHUFFLE2(r[0], r[1], MASK(NAME(i4), 2, 6, 3, 7));
-                const NAME(v4) t2 = SHUFFLE2(r[2], r[3], MASK(NAME(i4), 0, 4, 1, 5));
-                const NAME(v4) t3 = SHUFFLE2(r[2], r[3], MASK(NAME(i4), 2, 6, 3, 7));
-                const NAME(v4) out[4] = {
-                    SHUFFLE2(t0, t2, MASK(NAME(i4), 0, 1, 4, 5)),
-                    SHUFFLE2(t0, t2, MASK(NAME(i4), 2, 3, 6, 7)),
-                    SHUFFLE2(t1, t3, MASK(NAME(i4), 0, 1, 4, 5)),
-                    SHUFFLE2(t1, t3, MASK(NAME(i4), 2, 3, 6, 7)),
-                };
-                memcpy(pa + k * MR, out, sizeof out);
-            }
+            for (; k + 4 <= kc; k += 4)
+                for (int q0 = 0; q0 < MR; q0 += 4) {
+                    NAME(v4) r[4];
+                    for (int q = 0; q < 4; q++) {
+                        const int64_t at = (q0 + q) * ld + k;
+                        r[q] = NAME(masked4)(NAME(load4)(a + at), mask ? mask + at : NULL);
+                    }
+                    const NAME(v4) t0 = SHUFFLE2(r[0], r[1], MASK(NAME(i4), 0, 4, 1, 5));
+                    const NAME(v4) t1 = SHUFFLE2(r[0], r[1], MASK(NAME(i4), 2, 6, 3, 7));
+                    const NAME(v4) t2 = SHUFFLE2(r[2], r[3], MASK(NAME(i4), 0, 4, 1, 5));
+                    const NAME(v4) t3 = SHUFFLE2(r[2], r[3], MASK(NAME(i4), 2, 6, 3, 7));
+                    const NAME(v4) out[4] = {
+                        SHUFFLE2(t0, t2, MASK(NAME(i4), 0, 1, 4, 5)),
+                        SHUFFLE2(t0, t2, MASK(NAME(i4), 2, 3, 6, 7)),
+                        SHUFFLE2(t1, t3, MASK(NAME(i4), 0, 1, 4, 5)),
+                        SHUFFLE2(t1, t3, MASK(NAME(i4), 2, 3, 6, 7)),
+                    };
+                    for (int q = 0; q < 4; q++)
+                        memcpy(pa + (k + q) * MR + q0, &out[q], sizeof out[q]);
+                }
         }
         for (; k < kc; k++) { /* the rest, one value at a time */
             float *dst = pa + k * MR;
@@ -131,8 +140,7 @@ TARGET static void NAME(tile)(const Gemm *g, int64_t kc, const float *restrict p
     /* The tile of C is read (accumulate) or written after the loop: ask for its lines now,
      * or the loop's end waits on memory (C does not fit in the caches). */
     for (int r = 0; r < MR && r < rows; r++) {
-        __builtin_prefetch(c + r * ldc, 1, 3);
-        __builtin_prefetch(c + r * ldc + cols / 2, 1, 3);
+        for (int64_t e = 0; e < cols; e += 16) __builtin_prefetch(c + r * ldc + e, 1, 3);
         __builtin_prefetch(c + r * ldc + cols - 1, 1, 3);
     }
     NAME(vf) acc[MR][NV];
@@ -141,10 +149,9 @@ TARGET static void NAME(tile)(const Gemm *g, int64_t kc, const float *restrict p
     _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++) {
         NAME(vf) b[NV];
         for (int v = 0; v < NV; v++) b[v] = NAME(load)(pb + k * NR + v * VEC);
-        __builtin_prefetch(pb + (k + 8) * NR);
+        for (int e = 0; e < NR; e += 16) __builtin_prefetch(pb + (k + 8) * NR + e);
         for (int r = 0; r < MR; r++) {
-            const float x = pa[k * MR + r];
-            const NAME(vf) a = {x, x, x, x, x, x, x, x};
+            const float a = pa[k * MR + r];
             for (int v = 0; v < NV; v++) acc[r][v] += a * b[v];
         }
     }
@@ -231,3 +238,5 @@ TARGET static void NAME(gemm_task)(void *ctx, int thread, int nthreads) {
     }
     if (thread > 0) release_thread_packs();
 }
+
+#undef NR

@@ -6,7 +6,8 @@ Example:
     >>> head = MLP(64, [256, 1], final_activation=False)
 
 On CPUs where torch's float32 matmul is the slower one (AMD's: measured on a Zen 3 EPYC,
-MKL's sgemm reaches about half the core's FMA peak), the layers run on ctrctl's own GEMM
+MKL's sgemm reaches about half the core's FMA peak; on a Zen 5 EPYC it runs AVX2 code at
+under half the AVX-512 peak, and this GEMM's AVX-512 build is twice as fast), the layers run on ctrctl's own GEMM
 (``_dense_kernel.c``) with the bias and the ReLU fused into it, forward and backward;
 elsewhere, and for bf16 autocast, tracing and export, they are torch's ``nn.Linear`` and
 ``nn.ReLU``. The parameters and the state dict are the same either way.
@@ -31,8 +32,8 @@ except ImportError:  # not built (no C compiler at install time): torch's layers
 DenseKernel = Literal["auto", "native", "torch"]
 DENSE_KERNELS: tuple[str, ...] = ("auto", "native", "torch")
 
-#: Layers narrower than this run on torch: a GEMM tile is 24 columns wide, and a layer of
-#: one output (the logit) is a matrix-vector product.
+#: Layers narrower than this run on torch: a GEMM tile is 24 or 32 columns wide, and a
+#: layer of one output (the logit) is a matrix-vector product.
 NATIVE_MIN_WIDTH = 24
 #: With ``kernel="auto"``, layers of fewer multiply-adds per call (batch x in x out) than
 #: this run on torch: below it the autograd function's Python costs more than the GEMM

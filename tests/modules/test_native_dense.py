@@ -15,7 +15,7 @@ from ctrctl.modules.mlp import MLP, native_dense_available
 pytestmark = pytest.mark.skipif(not native_dense_available(),
                                 reason="the C dense kernel was not built")
 
-LOOPS = ("avx2", "base")
+LOOPS = ("avx512f", "avx2", "base")
 
 
 @pytest.fixture(params=LOOPS)
@@ -65,7 +65,8 @@ def layout(x: torch.Tensor, kind: str) -> torch.Tensor:
 SHAPES = [
     (1, 1, 1),
     (7, 5, 3),          # smaller than one tile
-    (4, 24, 256),       # exactly one tile and one inner block
+    (4, 24, 256),       # exactly one tile (AVX2's, baseline's) and one inner block
+    (8, 32, 256),       # exactly one tile of the AVX-512 build
     (130, 50, 257),     # past a block of rows, a tile of columns and an inner block
     (61, 415, 513),
     (300, 13, 40),      # a first layer's width
