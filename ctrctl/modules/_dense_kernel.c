@@ -108,51 +108,24 @@ static void release_thread_packs(void) {
 #define VEC 16
 #define MR 8
 #define NV 2
-#define KC 256
-#define MC 128
 #include "_dense_loops.h"
 #undef NAME
 #undef TARGET
-#undef VEC
-#undef MR
-#undef NV
-#undef KC
-#undef MC
 
-/* AVX2 + FMA: 4 x 24 tiles, twelve 8-float accumulators. */
+/* AVX2 + FMA: the header's 4 x 24 tiles, twelve 8-float accumulators. */
 #define NAME(x) x##_avx2
 #define TARGET __attribute__((target("avx2,fma")))
-#define VEC 8
-#define MR 4
-#define NV 3
-#define KC 256
-#define MC 128
 #include "_dense_loops.h"
 #undef NAME
 #undef TARGET
-#undef VEC
-#undef MR
-#undef NV
-#undef KC
-#undef MC
 #endif
 
-/* Plain x86-64 (SSE2), and every other machine: the AVX2 build's tiles. */
+/* Plain x86-64 (SSE2), and every other machine: the same tiles. */
 #define NAME(x) x##_base
 #define TARGET
-#define VEC 8
-#define MR 4
-#define NV 3
-#define KC 256
-#define MC 128
 #include "_dense_loops.h"
 #undef NAME
 #undef TARGET
-#undef VEC
-#undef MR
-#undef NV
-#undef KC
-#undef MC
 
 typedef struct {
     const char *name, *describe;

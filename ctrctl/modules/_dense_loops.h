@@ -3,6 +3,10 @@
  *
  *     NAME(x)  the name of this build's x (x ## _avx2 ...);
  *     TARGET   the function attribute that builds for the instruction set (or nothing);
+ *
+ * and optionally the build's shape (undefined again at the end), by default 4 x 24 tiles of
+ * 8-float vectors, blocks of 256 x 128:
+ *
  *     VEC      floats per vector (16: one AVX-512 register; 8: one AVX2 register, or two
  *              SSE registers in the baseline build);
  *     MR, NV   a tile of C is MR rows (a multiple of 4) by NR = NV * VEC columns;
@@ -12,6 +16,21 @@
  * The algorithm is the header's of _dense_kernel.c.
  */
 
+#ifndef VEC
+#define VEC 8
+#endif
+#ifndef MR
+#define MR 4
+#endif
+#ifndef NV
+#define NV 3
+#endif
+#ifndef KC
+#define KC 256
+#endif
+#ifndef MC
+#define MC 128
+#endif
 #define NR (NV * VEC)
 
 typedef float NAME(vf) __attribute__((vector_size(VEC * sizeof(float))));
@@ -149,7 +168,7 @@ TARGET static void NAME(tile)(const Gemm *g, int64_t kc, const float *restrict p
     _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++) {
         NAME(vf) b[NV];
         for (int v = 0; v < NV; v++) b[v] = NAME(load)(pb + k * NR + v * VEC);
-        for (int e = 0; e < NR; e += 16) __builtin_prefetch(pb + (k + 8) * NR + e);
+        __builtin_prefetch(pb + (k + 8) * NR);
         for (int r = 0; r < MR; r++) {
             const float a = pa[k * MR + r];
             for (int v = 0; v < NV; v++) acc[r][v] += a * b[v];
@@ -240,3 +259,8 @@ TARGET static void NAME(gemm_task)(void *ctx, int thread, int nthreads) {
 }
 
 #undef NR
+#undef VEC
+#undef MR
+#undef NV
+#undef KC
+#undef MC
