@@ -105,7 +105,7 @@ def eval_command(
     experiment: Experiment = "ctrctl",
 ) -> None:
     """Evaluate a checkpoint (or a predictions file) on a dataset split."""
-    from ctrctl.distributed.launch import init_process_group
+    from ctrctl.distributed.launch import close_process_group, init_process_group
     from ctrctl.evaluation import launch as dist_launch
     from ctrctl.evaluation.evaluate import evaluate, gates_from_output
     from ctrctl.evaluation.gates import parse_gates, raise_for_failures
@@ -130,6 +130,7 @@ def eval_command(
             return
         distributed = init_process_group()
         rank = int(os.environ.get("RANK", "0")) if distributed else 0
+        completed = False
         try:
             result = evaluate(
                 out, checkpoint=checkpoint, dataset=dataset, predictions=predictions, split=split,
@@ -141,11 +142,10 @@ def eval_command(
                 tracker=tracker_from(no_track or rank != 0, tracking_uri, experiment),
                 gates_raise=False,
             )
+            completed = True
         finally:
             if distributed:
-                import torch.distributed as dist
-
-                dist.destroy_process_group()
+                close_process_group(synchronize=completed)
         if os.environ.get(dist_launch.CHILD_ENV):
             return  # the launching process reports, from gates.json
         if rank == 0:

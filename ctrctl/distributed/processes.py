@@ -33,6 +33,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from ctrctl.distributed.launch import close_process_group
 from ctrctl.errors import DistributedError
 
 #: How much of a failed rank's stderr the error carries (its end).
@@ -87,12 +88,10 @@ def _worker(
         results[rank] = ("ok", value)
     except BaseException as exc:  # report everything, then fail this process
         results[rank] = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-        if dist.is_initialized():  # a peer may never reach the barrier below: no waiting
-            dist.destroy_process_group()
+        close_process_group(synchronize=False)  # a peer may never reach a barrier
         raise SystemExit(1) from exc
     # Every rank has finished its collectives before any closes its connections.
-    dist.barrier()
-    dist.destroy_process_group()
+    close_process_group()
 
 
 def run_multiprocess(

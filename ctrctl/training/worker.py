@@ -20,10 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, help="a TrainSpec as JSON")
     args = parser.parse_args(argv)
 
-    import torch.distributed as dist
-
     from ctrctl.config import load_config
-    from ctrctl.distributed.launch import init_process_group, report_worker_error
+    from ctrctl.distributed.launch import (
+        close_process_group,
+        init_process_group,
+        report_worker_error,
+    )
     from ctrctl.distributed.types import ShardingPlan
     from ctrctl.errors import CtrctlError
     from ctrctl.progress import LogProgress
@@ -39,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stdout,
                         format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")
     logging.getLogger("ctrctl").setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    finished = False
     try:
         config = load_config(spec.config, spec.overrides)
         init_process_group(config.training.device)
@@ -51,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             logging.getLogger("ctrctl").info("finished at step %d: %s", result.step,
                                              result.metrics)
+        finished = True
         return 0
     except CtrctlError as exc:
         print(f"rank {rank}: error: {exc.render()}", file=sys.stderr)
@@ -60,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         report_worker_error(f"internal error: {type(exc).__name__}: {exc}", "InternalError")
         raise
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        close_process_group(synchronize=finished)
 
 
 if __name__ == "__main__":
