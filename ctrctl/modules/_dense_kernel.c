@@ -146,16 +146,7 @@ static const Loops LOOPS[] = {
 
 static const Loops *loops = &LOOPS[NUM_LOOPS - 1];
 
-static void choose_loops(void) {
-#ifdef X86_DISPATCH
-    __builtin_cpu_init();
-#endif
-    for (size_t i = 0; i < NUM_LOOPS; i++)
-        if (LOOPS[i].supported()) {
-            loops = &LOOPS[i];
-            return;
-        }
-}
+LOOPS_BINDINGS("dense gemm")
 
 /* The calling thread's memory for the other threads' partial sums (split_k). */
 static __thread float *partial_of_thread;
@@ -228,27 +219,6 @@ static PyObject *py_gemm(PyObject *self, PyObject *args) {
     for (int t = 0; t < MAX_THREADS; t++) failed |= g.failed[t];
     if (failed) return PyErr_NoMemory();
     Py_RETURN_NONE;
-}
-
-static PyObject *py_isa(PyObject *self, PyObject *args) {
-    (void)self;
-    (void)args;
-    return PyUnicode_FromString(loops->describe);
-}
-
-/* use(name) -> whether this CPU runs the loops named (then they are the ones called). */
-static PyObject *py_use(PyObject *self, PyObject *args) {
-    (void)self;
-    const char *name;
-    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
-    for (size_t i = 0; i < NUM_LOOPS; i++)
-        if (strcmp(LOOPS[i].name, name) == 0) {
-            if (!LOOPS[i].supported()) Py_RETURN_FALSE;
-            loops = &LOOPS[i];
-            Py_RETURN_TRUE;
-        }
-    PyErr_Format(PyExc_ValueError, "dense gemm: no loops named '%s'", name);
-    return NULL;
 }
 
 /* Whether this GEMM is the faster one here: an AMD CPU with AVX2 and FMA (measured on a

@@ -119,17 +119,7 @@ static const Loops LOOPS[] = {
 
 static const Loops *loops = &LOOPS[NUM_LOOPS - 1];
 
-/* The widest loops this CPU runs, by its features (picked at import). */
-static void choose_loops(void) {
-#ifdef X86_DISPATCH
-    __builtin_cpu_init();
-#endif
-    for (size_t i = 0; i < NUM_LOOPS; i++)
-        if (LOOPS[i].supported()) {
-            loops = &LOOPS[i];
-            return;
-        }
-}
+LOOPS_BINDINGS("interaction")
 
 static int run(task_fn fn, Interaction *it, int nthreads) {
     if (nthreads > it->B) nthreads = (int)(it->B > 0 ? it->B : 1);
@@ -193,28 +183,6 @@ static PyObject *py_backward(PyObject *self, PyObject *args) {
     it.grad_sparse = (float *)(intptr_t)grad_sparse;
     if (run(loops->backward, &it, nthreads)) return NULL;
     Py_RETURN_NONE;
-}
-
-static PyObject *py_isa(PyObject *self, PyObject *args) {
-    (void)self;
-    (void)args;
-    return PyUnicode_FromString(loops->describe);
-}
-
-/* use(name) -> whether this CPU runs the loops named (then they are the ones called); for
- * tests, which compare every width the CPU runs with the reference. */
-static PyObject *py_use(PyObject *self, PyObject *args) {
-    (void)self;
-    const char *name;
-    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
-    for (size_t i = 0; i < NUM_LOOPS; i++)
-        if (strcmp(LOOPS[i].name, name) == 0) {
-            if (!LOOPS[i].supported()) Py_RETURN_FALSE;
-            loops = &LOOPS[i];
-            Py_RETURN_TRUE;
-        }
-    PyErr_Format(PyExc_ValueError, "interaction: no loops named '%s'", name);
-    return NULL;
 }
 
 static PyMethodDef methods[] = {

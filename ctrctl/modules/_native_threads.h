@@ -40,6 +40,46 @@ static inline int has_avx2(void) {
 }
 #endif
 
+/* For a kernel that picks its loops at import: choose_loops() (the first of LOOPS this CPU
+ * runs, by its features) and the Python functions isa() (the loops in use) and use(name)
+ * (whether this CPU runs the loops named; then they are the ones called: for tests, which
+ * compare every build the CPU runs with a reference). The kernel's file defines LOOPS (a
+ * table, widest first, whose entries have name, describe and supported), NUM_LOOPS and
+ * loops (the entry in use) before it, and has included Python.h and string.h; KERNEL names
+ * the kernel in use()'s error. */
+#ifdef X86_DISPATCH
+#define CPU_INIT() __builtin_cpu_init()
+#else
+#define CPU_INIT() ((void)0)
+#endif
+#define LOOPS_BINDINGS(KERNEL)                                                              \
+    static void choose_loops(void) {                                                       \
+        CPU_INIT();                                                                         \
+        for (size_t i = 0; i < NUM_LOOPS; i++)                                              \
+            if (LOOPS[i].supported()) {                                                     \
+                loops = &LOOPS[i];                                                          \
+                return;                                                                     \
+            }                                                                               \
+    }                                                                                       \
+    static PyObject *py_isa(PyObject *self, PyObject *args) {                               \
+        (void)self;                                                                         \
+        (void)args;                                                                         \
+        return PyUnicode_FromString(loops->describe);                                       \
+    }                                                                                       \
+    static PyObject *py_use(PyObject *self, PyObject *args) {                               \
+        (void)self;                                                                         \
+        const char *name;                                                                   \
+        if (!PyArg_ParseTuple(args, "s", &name)) return NULL;                               \
+        for (size_t i = 0; i < NUM_LOOPS; i++)                                              \
+            if (strcmp(LOOPS[i].name, name) == 0) {                                         \
+                if (!LOOPS[i].supported()) Py_RETURN_FALSE;                                 \
+                loops = &LOOPS[i];                                                          \
+                Py_RETURN_TRUE;                                                             \
+            }                                                                               \
+        PyErr_Format(PyExc_ValueError, KERNEL ": no loops named '%s'", name);              \
+        return NULL;                                                                        \
+    }
+
 /* A shuffle of two vectors' lanes, as GCC and Clang each spell it. */
 #if defined(__clang__)
 #define SHUFFLE2(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
