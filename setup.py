@@ -37,6 +37,19 @@ class BuildExt(build_ext):
         super().build_extension(ext)
 
 
+def kernel(name: str, flags: list[str], headers: tuple[str, ...] = ()) -> Extension:
+    """One of the native kernels in ctrctl/modules: optional, OpenMP where the compiler has
+    it (pthreads otherwise), rebuilt when the thread runner or its loop headers change."""
+    return Extension(
+        f"ctrctl.modules.{name}",
+        sources=[f"ctrctl/modules/{name}.c"],
+        extra_compile_args=["-O3", *flags, "-pthread", OPENMP],
+        extra_link_args=["-pthread", OPENMP],
+        depends=[f"ctrctl/modules/{h}" for h in ("_native_threads.h", *headers)],
+        optional=True,
+    )
+
+
 setup(
     cmdclass={"build_ext": BuildExt},
     ext_modules=[
@@ -46,34 +59,12 @@ setup(
             extra_compile_args=["-O3"],
             optional=True,
         ),
-        Extension(
-            "ctrctl.modules._embedding_kernel",
-            sources=["ctrctl/modules/_embedding_kernel.c"],
-            # -fno-math-errno lets sqrtf vectorize; -ffp-contract=off rounds as torch
-            # does; target_clones in the source picks AVX-512 / AVX2 / baseline loops at
-            # load time, so no -march here.
-            extra_compile_args=["-O3", "-fno-math-errno", "-ffp-contract=off", "-pthread",
-                                OPENMP],
-            extra_link_args=["-pthread", OPENMP],
-            depends=["ctrctl/modules/_native_threads.h"],
-            optional=True,
-        ),
-        Extension(
-            "ctrctl.modules._interaction_kernel",
-            sources=["ctrctl/modules/_interaction_kernel.c"],
-            # Contraction stays on: FMA where the CPU has it (no bitwise match to keep).
-            extra_compile_args=["-O3", "-Wno-psabi", "-pthread", OPENMP],
-            extra_link_args=["-pthread", OPENMP],
-            depends=["ctrctl/modules/_native_threads.h", "ctrctl/modules/_interaction_loops.h"],
-            optional=True,
-        ),
-        Extension(
-            "ctrctl.modules._dense_kernel",
-            sources=["ctrctl/modules/_dense_kernel.c"],
-            extra_compile_args=["-O3", "-Wno-psabi", "-pthread", OPENMP],
-            extra_link_args=["-pthread", OPENMP],
-            depends=["ctrctl/modules/_native_threads.h", "ctrctl/modules/_dense_loops.h"],
-            optional=True,
-        ),
+        # -fno-math-errno lets sqrtf vectorize; -ffp-contract=off rounds as torch does;
+        # target_clones in the source picks AVX-512 / AVX2 / baseline loops at load time,
+        # so no -march here.
+        kernel("_embedding_kernel", ["-fno-math-errno", "-ffp-contract=off"]),
+        # Contraction stays on: FMA where the CPU has it (no bitwise match to keep).
+        kernel("_interaction_kernel", ["-Wno-psabi"], ("_interaction_loops.h",)),
+        kernel("_dense_kernel", ["-Wno-psabi"], ("_dense_loops.h",)),
     ]
 )
