@@ -9,6 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ctrctl-installed
 BENCH_STAMP := $(VENV)/.ctrctl-bench-installed
+DOCS_STAMP := $(VENV)/.ctrctl-docs-installed
 # The CUDA build of fbgemm-gpu where a CUDA driver is present, the CPU build elsewhere.
 FBGEMM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 PYTEST_ARGS ?=
@@ -17,7 +18,8 @@ OVERRIDES ?=
 RUN_ARGS ?=
 STEPS := synth preprocess plan train eval quantize register
 
-.PHONY: setup test test-slow test-all test-pipeline demo pipeline $(STEPS) lint bench bench-setup clean
+.PHONY: setup test test-slow test-all test-pipeline demo pipeline $(STEPS) lint bench bench-setup \
+	docs docs-setup docs-serve clean
 
 setup: $(STAMP)
 
@@ -70,5 +72,24 @@ bench-setup: $(BENCH_STAMP)
 bench: bench-setup
 	$(PY) scripts/run_benchmarks.py
 
+# The documentation site (mkdocs.yml): the `docs` extra (MkDocs + Material) goes into .venv
+# as bench-setup adds TorchRec. The command pages and the YAML reference are regenerated from
+# the code (the MkDocs hook runs the same scripts), the performance tables are checked against
+# benchmarks/results/, and --strict fails on a broken link or a missing page.
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[docs]"
+	@touch $(DOCS_STAMP)
+
+docs-setup: $(DOCS_STAMP)
+
+docs: docs-setup
+	$(PY) scripts/gen_cli_docs.py
+	$(PY) scripts/gen_config_docs.py
+	$(PY) scripts/render_performance.py --check
+	$(PY) -m mkdocs build --strict
+
+docs-serve: docs-setup
+	$(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
+
 clean:
-	rm -rf $(VENV) runs/demo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) runs/demo site .pytest_cache .mypy_cache .ruff_cache
