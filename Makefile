@@ -86,10 +86,10 @@ docs: docs-setup
 	$(PY) scripts/gen_cli_docs.py
 	$(PY) scripts/gen_config_docs.py
 	$(PY) scripts/render_performance.py --check
-	$(PY) -m mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 docs-serve: docs-setup
-	$(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
 
 clean:
 	rm -rf $(VENV) runs/demo site .pytest_cache .mypy_cache .ruff_cache

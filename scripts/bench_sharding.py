@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from render_performance import add_json_argument, load_average, write_result
 
 from ctrctl.distributed.processes import run_multiprocess
 from ctrctl.io import write_json_atomic
@@ -49,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="runs per implementation, interleaved (a shared machine's load "
                              "changes from minute to minute): medians and spreads reported")
     parser.add_argument("--out", type=Path, default=Path("bench-out/sharding.json"))
+    add_json_argument(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.tables, args.rows, args.dim, args.batch_size = 4, 2_000, 16, 256
@@ -183,8 +185,24 @@ def measure(impl: str, kind: str, cfg: dict[str, Any], world_size: int) -> dict[
             "steps": len(steps)}
 
 
+def result_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run as rows of the performance table (render_performance.py's format)."""
+    rows = []
+    for kind, row in results["types"].items():
+        rates = " / ".join(f"{row[n]['samples_per_s']:,.0f}" if "samples_per_s" in row.get(n, {})
+                           else "-" for n in ("ctrctl", "torchrec"))
+        ratio = (f"{row['ratio']:.2f}x [{row['ratio_spread'][0]:.2f}-{row['ratio_spread'][1]:.2f}]"
+                 if row["ratio"] else "not run")
+        rows.append({"values": {"case": kind, "samples/s ctrctl / TorchRec": rates,
+                                "ctrctl / TorchRec": ratio},
+                     "headline": {"label": f"Sharding, {kind}, 2 ranks, vs TorchRec",
+                                  "column": "ctrctl / TorchRec"}})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    load_before = load_average()
     cfg = {"tables": args.tables, "rows": args.rows, "dim": args.dim,
            "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup,
            "quick": args.quick}
@@ -227,6 +245,17 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     write_json_atomic(args.out, results)
     print(f"results: {args.out}")
+    if args.json:
+        write_result(
+            args.json, "sharding", "Sharding: 2 gloo processes on CPU (`scripts/bench_sharding.py`)",
+            f"The training benchmark's DLRM ({cfg['tables']} tables x {cfg['rows']:,} x "
+            f"{cfg['dim']}), {cfg['batch_size']} samples per rank, 1 thread per rank, "
+            f"{args.world_size} ranks, the same plan for ctrctl and TorchRec 1.8.0's "
+            "DistributedModelParallel; runs alternate, median over repeats [min-max of the "
+            "per-pair ratio].",
+            ["case", "samples/s ctrctl / TorchRec", "ctrctl / TorchRec"], result_rows(results),
+            load_before=load_before)
+        print(f"performance table in {args.json}")
     return 0
 
 

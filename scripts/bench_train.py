@@ -40,7 +40,10 @@ final validation included) is reported beside it.
 Usage:
     python scripts/bench_train.py [--quick] [--steps 8] [--warmup 2] [--threads 2,1]
                                   [--ids uniform,zipf] [--repeats 3] [--parquet]
-                                  [--out bench-out/train.json]
+                                  [--out bench-out/train.json] [--json PATH]
+
+``--json PATH`` also writes the table ``scripts/render_performance.py`` reads
+(``benchmarks/results/<cpu>/train.json``: the command, date, CPU model and load average).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from render_performance import add_json_argument, write_result
 from torch import nn
 
 from ctrctl.compat import bf16_autocast_supported
@@ -105,6 +109,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--parquet-warmup", type=int, default=6,
                         help="steps of ctrctl.train before its timed ones")
     parser.add_argument("--out", type=Path, default=Path("bench-out/train.json"))
+    add_json_argument(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.rows, args.steps, args.warmup, args.repeats = 10_000, 4, 1, 1
@@ -512,6 +517,38 @@ def timed_rate(history: list[dict[str, Any]], warmup: int, batch_size: int) -> f
     return (last - warmup) * batch_size / (seconds[last] - seconds[warmup])
 
 
+JSON_COLUMNS = ["case", "samples/s ctrctl / TorchRec / torch", "ctrctl / TorchRec",
+                "ctrctl / torch", "bf16 / TorchRec"]
+
+
+def result_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The report as rows of the performance table (render_performance.py's format)."""
+    def ratio(entry: dict[str, Any], key: str, spread: bool = False) -> str:
+        r = entry["ratios"].get(key)
+        if r is None:
+            return "not run"
+        return f"{r['median']:.2f}x" + (f" [{r['min']:.2f}-{r['max']:.2f}]" if spread else "")
+
+    rows = []
+    for setting, entry in report["results"].items():
+        threads, kind = setting.split(" threads, ")
+        case = f"{threads} thread{'s' if threads != '1' else ''}, " + (
+            "Zipf(1.1) ids" if kind.startswith("zipf") else "uniform ids")
+        rates = " / ".join(f"{entry[n]['median']:,.0f}" if n in entry else "-"
+                           for n in ("ctrctl", "torchrec", "torch-sparse"))
+        row: dict[str, Any] = {"values": {
+            "case": case, JSON_COLUMNS[1]: rates,
+            "ctrctl / TorchRec": ratio(entry, "ctrctl / torchrec", spread=True),
+            "ctrctl / torch": ratio(entry, "ctrctl / torch-sparse"),
+            "bf16 / TorchRec": ratio(entry, "ctrctl-bf16 / torchrec")}}
+        if kind.startswith("uniform"):
+            plural = "thread" if threads == "1" else "threads"
+            row["headline"] = {"label": f"Training, {threads} {plural} (uniform ids) vs TorchRec",
+                               "column": "ctrctl / TorchRec"}
+        rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = run(args)
@@ -538,6 +575,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"loadavg: {report['loadavg']}")
     write_json_atomic(args.out, report)
     print(f"results in {args.out}")
+    if args.json:
+        cfg = report["config"]
+        write_result(
+            args.json, "train", "Training: DLRM on CPU (`scripts/bench_train.py`)",
+            f"{cfg['tables']} tables x {cfg['rows']:,} x {cfg['dim']}, batch {cfg['batch_size']}; "
+            "samples/s as median over repeats, ratios within each repeat [min-max]. Columns: "
+            "ctrctl / TorchRec 1.8.0 / plain torch (nn.EmbeddingBag(sparse)).",
+            JSON_COLUMNS, result_rows(report), load_before=report["loadavg"][0].split()[0])
+        print(f"performance table in {args.json}")
     return 0
 
 
