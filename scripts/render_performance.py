@@ -212,7 +212,9 @@ def render_page(results: list[dict[str, Any]]) -> str:
             lines += ["", f"## {result['title']}"]
         lines += ["", f"### {result['cpu_name']}", "", result["what"], ""]
         lines += bench_table(result)
-        lines += ["", f"Source: `{result['path']}`."]
+        origins = list(dict.fromkeys(row["source"] for row in result["rows"] if row.get("source")))
+        lines += ["", f"Source: `{result['path']}`" + (
+            f"; first recorded in {'; '.join(origins)}." if origins else ".")]
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,6 @@
 """Take the documentation's screenshots: `ctrctl run`'s live view and the MLflow run page.
 
-1. Runs ``ctrctl run pipelines/demo.yaml`` (small: ``synth.rows``) inside a tmux session of a
+1. Runs ``ctrctl run pipelines/demo.yaml`` (what ``make demo`` runs) inside a tmux session of a
    fixed size, reads the pane with its colours while the train step runs and once more at
    the end, and saves both frames as SVG through rich (``docs/img/run-live.svg``,
    ``docs/img/run-summary.svg``).
@@ -11,7 +11,7 @@
 Not part of CI: it needs tmux and Chromium, and takes a minute or two.
 
 Usage:
-    python scripts/screenshots.py [--out docs/img] [--rows 20000]
+    python scripts/screenshots.py [--out docs/img] [--rows N]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -50,11 +51,12 @@ def _save_svg(ansi: str, path: Path, title: str) -> None:
     console.save_svg(str(path), title=title)
 
 
-def capture_run_view(workdir: Path, out: Path, rows: int, timeout_s: float = 600) -> None:
+def capture_run_view(workdir: Path, out: Path, rows: int | None, timeout_s: float = 900) -> None:
     """Run the demo pipeline in tmux; keep a frame while training and the final one."""
     for name in ("schemas", "pipelines"):
         (workdir / name).symlink_to(REPO / name, target_is_directory=True)
-    command = (f"ctrctl run pipelines/demo.yaml synth.rows={rows} --workdir demo; "
+    rows_override = f" synth.rows={rows}" if rows else ""
+    command = (f"ctrctl run pipelines/demo.yaml{rows_override} --workdir demo; "
                "echo __done__; sleep 600")
     subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
     subprocess.run(["tmux", "new-session", "-d", "-s", SESSION, "-x", str(WIDTH), "-y",
@@ -68,18 +70,23 @@ def capture_run_view(workdir: Path, out: Path, rows: int, timeout_s: float = 600
             if "__done__" in frame:
                 final = frame.split("__done__")[0]
                 break
-            if live is None and "train" in frame and "running" in frame and "done" in frame:
-                time.sleep(2)  # let the progress bar fill a little
-                live = subprocess.run(["tmux", "capture-pane", "-p", "-e", "-t", SESSION],
-                                      capture_output=True, text=True, check=True).stdout
+            if live is None and "running" in frame and "epoch=1" in frame:
+                live = frame  # the train step's progress bar, into its second epoch
             time.sleep(0.5)
         else:
             raise SystemExit(f"ctrctl run did not finish within {timeout_s:.0f} s")
     finally:
         subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
     if live is not None:
-        _save_svg(live, out / "run-live.svg", "ctrctl run pipelines/demo.yaml (running)")
-    _save_svg(final, out / "run-summary.svg", "ctrctl run pipelines/demo.yaml (done)")
+        _save_svg(_last_view(live), out / "run-live.svg", "ctrctl run pipelines/demo.yaml (running)")
+    _save_svg(_last_view(final), out / "run-summary.svg", "ctrctl run pipelines/demo.yaml (done)")
+
+
+def _last_view(frame: str) -> str:
+    """The frame from the last drawing of the run's table (log lines above it dropped)."""
+    lines = frame.splitlines()
+    starts = [i for i, line in enumerate(lines) if "ctrctl run " in line and "(" in line]
+    return "\n".join(lines[starts[-1]:]) if starts else frame
 
 
 def _free_port() -> int:
@@ -109,7 +116,7 @@ def capture_mlflow_page(workdir: Path, out: Path, chromium: str) -> None:
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store, "--host",
          "127.0.0.1", "--port", str(port)], cwd=workdir, env=_env(),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         for _ in range(120):
             try:
@@ -127,14 +134,28 @@ def capture_mlflow_page(workdir: Path, out: Path, chromium: str) -> None:
                             f"--screenshot={target}", url],
                            check=True, capture_output=True, timeout=180)
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        _stop(server)
+
+
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    """Stop the MLflow server and the workers it started (its own process group)."""
+    for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(server.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            server.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "img")
-    parser.add_argument("--rows", type=int, default=20_000, help="synthetic rows of the demo")
+    parser.add_argument("--rows", type=int, default=None,
+                        help="synthetic rows of the demo (default: the demo's own, 60,000)")
     return parser.parse_args(argv)
 
 
