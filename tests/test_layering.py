@@ -8,7 +8,7 @@ modules are grouped into packages (``ctrctl.data.*`` -> ``data``; the planner is
 package, ``distributed.planner``, because it is held to a stricter rule than the rest of
 ``distributed``), and the package graph must be acyclic and inside :data:`ALLOWED`.
 
-The README's Layout section states the same table.
+The Layout section of docs/architecture.md states the same table.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ _L4 = _L3 | {"distributed", "distributed.planner"}
 _LIBRARY = _L4 | {"planning", "training", "inference", "evaluation"}
 
 #: package -> the packages it may import (besides itself). A package missing here fails the
-#: test: a new package takes its place in this table and in the README's Layout section.
+#: test: a new package takes its place in this table and in the Layout section of docs/architecture.md.
 ALLOWED: dict[str, frozenset[str]] = {
     name: frozenset(allowed)
     for name, allowed in {
@@ -249,7 +249,7 @@ def test_the_graph_is_real(graph: Graph) -> None:
 
 
 def test_every_package_has_a_row_and_the_table_is_a_dag(graph: Graph) -> None:
-    assert set(graph.packages()) <= set(ALLOWED), "add the new package to ALLOWED and README"
+    assert set(graph.packages()) <= set(ALLOWED), "add the new package to ALLOWED and docs/architecture.md"
     for package, allowed in ALLOWED.items():
         assert allowed <= set(ALLOWED), f"{package} allows unknown {sorted(allowed - set(ALLOWED))}"
     assert find_cycles({k: set(v) for k, v in ALLOWED.items()}) == []
@@ -284,7 +284,7 @@ def test_the_planner_is_pure(graph: Graph) -> None:
 
 
 def readme_table(text: str) -> dict[str, frozenset[str]]:
-    """The allowed-imports table of the README's Layout section, as :data:`ALLOWED`."""
+    """The allowed-imports table of the Layout section of docs/architecture.md, as :data:`ALLOWED`."""
     start = text.index("| package | may import |")
     table: dict[str, frozenset[str]] = {}
     for row in text[start:].split("\n\n", 1)[0].splitlines()[2:]:
@@ -296,7 +296,7 @@ def readme_table(text: str) -> dict[str, frozenset[str]]:
 
 
 def test_the_readme_states_the_same_table() -> None:
-    readme = (ROOT.parent / "README.md").read_text()
+    readme = (ROOT.parent / "docs" / "architecture.md").read_text()
     assert readme_table(readme) == ALLOWED
     # the parser reads a changed row as changed
     assert readme_table(readme.replace("| `config` | `errors`, `names`, `io` |",
