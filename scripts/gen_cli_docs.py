@@ -95,14 +95,18 @@ def command_page(name: str, command: Any, ctx: Any, prose: str | None) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def index_page(group: Any) -> str:
-    """The commands, one line each, linking to their pages."""
+def index_page(group: Any, ctx: Any) -> str:
+    """The commands, one line each, linking to their pages, and the options before them."""
     lines = [GENERATED, "", "# Commands", "",
              "Every command's page is generated from the CLI (`ctrctl COMMAND --help` prints the "
              "same).", "", "| command | what it does |", "|---|---|"]
     for name, command in group.commands.items():
         if not getattr(command, "hidden", False):
             lines.append(f"| [`ctrctl {name}`]({name}.md) | {_cell(_summary(command))} |")
+    table = options_table(group, ctx)
+    if table:
+        lines += ["", "## Options of `ctrctl` itself", "",
+                  "Given before the command (`ctrctl --verbose train ...`).", ""] + table
     return "\n".join(lines) + "\n"
 
 
@@ -110,7 +114,7 @@ def render(out: Path) -> dict[Path, str]:
     """Every generated page under ``out``, by path."""
     group = _click_tree()
     root_ctx = type_context(group)
-    pages = {out / "index.md": index_page(group)}
+    pages = {out / "index.md": index_page(group, root_ctx)}
     for name, command in group.commands.items():
         if getattr(command, "hidden", False):
             continue
