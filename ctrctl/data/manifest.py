@@ -173,7 +173,8 @@ class DatasetManifest:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"malformed manifest: {exc!r}", where=where) from exc
-        names = [("feature", f.name) for f in (*manifest.dense, *manifest.sparse)]
+        names = [("feature", f.name) for f in manifest.dense]
+        names += [("feature", f.name) for f in manifest.sparse]
         for kind, name in names + [("split", split) for split in manifest.splits]:
             problem = path_name_problem(name)
             if problem:
