@@ -257,3 +257,25 @@ def test_quantize_signs_and_predict_verifies(trained: Trained, tmp_path: Path) -
     with pytest.raises(standalone.ArtifactError, match="does not match"):
         predict_dataset(out, trained.dataset.path, "test", tmp_path / "t.parquet",
                         verify_key=b"o" * 32, num_workers=0)
+
+
+def test_the_commands_sign_and_verify(trained: Trained, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from ctrctl.cli.app import main
+
+    key_file, other = tmp_path / "key", tmp_path / "other"
+    key_file.write_bytes(KEY)
+    other.write_bytes(b"o" * 32)
+    out = tmp_path / "export"
+    assert main(["quantize", "--checkpoint", str(trained.run), "--out", str(out),
+                 "--sign", str(key_file), "--no-track"]) == 0
+    assert (out / standalone.SIGNATURE).is_file()
+    predict = ["predict", "--model", str(out), "--dataset", str(trained.dataset.path),
+               "--out", str(tmp_path / "scores.parquet")]
+    assert main([*predict, "--verify", str(key_file)]) == 0
+    capsys.readouterr()
+    assert main([*predict, "--overwrite", "--verify", str(other)]) == 1
+    captured = capsys.readouterr()
+    message = " ".join((captured.out + captured.err).split())
+    assert "manifest.sig: the signature does not match" in message
+    assert "Traceback" not in message
