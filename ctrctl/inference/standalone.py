@@ -157,7 +157,8 @@ def _open_regular(path):
             raise
         raise ArtifactError(f"{path}: missing (the manifest lists it)") from None
     except OSError as exc:  # a folder where a file should be, no permission
-        raise ArtifactError(f"{path}: cannot read it ({exc.strerror})") from None
+        what = "the manifest" if path.endswith("/" + MANIFEST) else "it"
+        raise ArtifactError(f"{path}: cannot read {what} ({exc.strerror})") from None
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
