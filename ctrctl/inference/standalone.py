@@ -532,7 +532,10 @@ def load(folder, device="cpu", compile=False, verify_key=None):
             :func:`sign`); None loads signed and unsigned folders alike.
     """
     manifest = verify(folder, verify_key=verify_key)
-    program = manifest["program"]
+    program = manifest.get("program")
+    if not isinstance(program, dict) or not isinstance(manifest.get("input"), dict):
+        raise ArtifactError(f"{_join(folder, MANIFEST)}: 'program' and 'input' must be JSON "
+                            "objects")
     if program.get("file") not in manifest["files"]:
         raise ArtifactError(f"{_join(folder, MANIFEST)}: the program file "
                             f"{program.get('file')!r} is not among the listed files")
