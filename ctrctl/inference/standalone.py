@@ -151,6 +151,11 @@ def _open_regular(path):
     """``(binary handle, size)`` of ``path``; :class:`ArtifactError` unless it is a regular
     file (opened without blocking: a FIFO or a device would hang or never end)."""
     try:
+        # Looked at before opening (opening a device can act on it), then again on the open
+        # file (the path may have been swapped in between).
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ArtifactError(f"{path}: not a regular file (a FIFO, device or folder): an "
+                                "artifact holds files only")
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         if path.endswith("/" + MANIFEST):
