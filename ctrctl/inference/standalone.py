@@ -27,8 +27,10 @@ entry by entry before torch reads it (:func:`check_program_archive`). A folder s
 ``ctrctl quantize --sign KEY`` carries ``manifest.sig``; ``load(folder, verify_key=KEY)``
 refuses one that is unsigned or signed with another key.
 
-Example (load this file by its path, so that no other module resolves from the folder):
-    >>> import importlib.util
+Example (load this file by its path, so that no other module resolves from the folder, and
+write no ``__pycache__`` there: the folder holds listed files only):
+    >>> import importlib.util, sys
+    >>> sys.dont_write_bytecode = True
     >>> spec = importlib.util.spec_from_file_location("serving", "export/serving.py")
     >>> serving = importlib.util.module_from_spec(spec); spec.loader.exec_module(serving)
     >>> model = serving.load("export")
