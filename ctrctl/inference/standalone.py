@@ -1,8 +1,8 @@
 """Load and run a ctrctl serving artifact with torch, fbgemm_gpu and safetensors alone.
 
 This file is copied into every artifact as ``serving.py`` and must not import ctrctl: it
-imports only torch, safetensors, json, hashlib and warnings (and fbgemm_gpu, which
-registers the embedding kernel's op, when the program uses it). Raw rows of string features
+imports only torch, safetensors and the standard library (and fbgemm_gpu, which registers
+the embedding kernel's op, when the program uses it). Raw rows of string features
 in hash mode need the preprocess step's string hash, which is polars' ``hash(seed)``: for
 them (and only them) polars is imported, and before its first use it must give the ids the
 artifact recorded for a set of probe strings (the ids the training data's polars gave), so a
