@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -105,3 +106,42 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_rank_orphaned_before_it_asks_ends_itself(tmp_path: Path) -> None:
+    """The race: the agent dies while the rank still imports; the rank's late request
+    would never fire, so it looks again and ends itself."""
+    marker = tmp_path / "rank.txt"
+    rank = textwrap.dedent(f"""
+        import time
+        time.sleep(1.0)                      # the agent is gone by now
+        from ctrctl.distributed.launch import die_with_launcher
+        die_with_launcher()
+        open({str(marker)!r}, "w").write("survived")
+    """)
+    agent = textwrap.dedent(f"""
+        import subprocess, sys
+        subprocess.Popen([sys.executable, "-c", {rank!r}], start_new_session=True)
+    """)  # and exits at once, leaving the rank behind
+    env = dict(os.environ, CTRCTL_LAUNCHER_PID=str(os.getpid()))
+    subprocess.run([sys.executable, "-c", agent], env=env, check=True, timeout=60)
+    time.sleep(4.0)
+    assert not marker.exists(), "an orphaned rank went on"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_rank_whose_agent_lives_goes_on(tmp_path: Path) -> None:
+    marker = tmp_path / "rank.txt"
+    rank = textwrap.dedent(f"""
+        from ctrctl.distributed.launch import die_with_launcher
+        die_with_launcher()
+        open({str(marker)!r}, "w").write("went on")
+    """)
+    agent = textwrap.dedent(f"""
+        import subprocess, sys
+        subprocess.run([sys.executable, "-c", {rank!r}], check=True)
+    """)
+    env = dict(os.environ, CTRCTL_LAUNCHER_PID=str(os.getpid()))
+    subprocess.run([sys.executable, "-c", agent], env=env, check=True, timeout=60)
+    assert marker.read_text() == "went on"
