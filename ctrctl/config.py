@@ -25,13 +25,20 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from ctrctl.errors import ConfigError
-from ctrctl.io import read_text
+from ctrctl.io import path_name_problem, read_text
 from ctrctl.names import ComputeKernel, ShardingType
 
 __all__ = [
@@ -61,6 +68,17 @@ __all__ = [
     "resolve_sizes",
 ]
 
+
+
+def _path_name(value: str) -> str:
+    problem = path_name_problem(value)
+    if problem:
+        raise ValueError(f"the name {value!r:.80} {problem}")
+    return value
+
+
+#: A name that becomes a file or folder name (a table, split, model or pipeline name).
+PathName = Annotated[str, AfterValidator(_path_name)]
 
 class _Section(BaseModel):
     """Base of every section: unknown keys are errors, and a validated config is frozen."""
@@ -97,7 +115,7 @@ class ModelConfig(_Section):
     interaction: Literal["dot", "dcn"] = "dot"
     dcn_layers: int = Field(default=2, ge=1)
     dcn_rank: int = Field(default=16, ge=0)
-    cached_tables: dict[str, float] = Field(default_factory=dict)
+    cached_tables: dict[PathName, float] = Field(default_factory=dict)
     cache_dir: str | None = None
     first_order: bool = True
 
@@ -252,7 +270,7 @@ class TrainingConfig(_Section):
     drop_last: bool = False
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bf16: bool = False
-    val_split: str = "val"
+    val_split: PathName = "val"
     val_max_rows: int | None = Field(default=None, ge=1)
     global_order: bool = False
     early_stopping: EarlyStoppingConfig = EarlyStoppingConfig()
@@ -495,7 +513,7 @@ class RegisterConfig(_Section):
         alias: moved to the new version only when every eval gate passed.
     """
 
-    model_name: str | None = None
+    model_name: PathName | None = None
     alias: str = Field(default="candidate", min_length=1)
 
 
@@ -511,7 +529,7 @@ class RunnerConfig(_Section):
     """
 
     workdir: str | None = None
-    eval_split: str = "test"
+    eval_split: PathName = "test"
     nproc_per_node: int = Field(default=1, ge=1)
 
 
@@ -530,7 +548,7 @@ with warnings.catch_warnings():
             3
         """
 
-        name: str = "default"
+        name: PathName = "default"
         description: str = ""
         preprocess: PreprocessConfig = PreprocessConfig()
         plan: PlanConfig = PlanConfig()

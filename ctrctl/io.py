@@ -57,6 +57,7 @@ __all__ = [
     "inside",
     "lock_path",
     "output_lock",
+    "path_name_problem",
     "read_text",
     "publish_staged",
     "read_json_file",
@@ -300,6 +301,39 @@ def inside(name: str, error: type[CtrctlError], where: str) -> str:
         raise error(f"the path {name!r} leaves its folder", where=where,
                     hint="paths in this file must be relative and stay inside its folder")
     return name
+
+
+#: The most UTF-8 bytes of a name that becomes a file or folder name (a feature, table,
+#: split or model): 255 (a file name's limit) less room for what ctrctl adds to it
+#: (``_hour`` of a derived feature, ``.safetensors``, ``.parquet``, a temporary suffix).
+MAX_NAME_BYTES = 200
+
+
+def path_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be one component of a path (None when it can).
+
+    Any text is a name (``Ç1_点击``) but an empty one, ``.`` and ``..``, one holding ``/``,
+    a backslash, a NUL or another control character, and one over :data:`MAX_NAME_BYTES`
+    bytes.
+
+    Example:
+        >>> path_name_problem("C1") is None, path_name_problem("../evil")
+        (True, "contains '/' (it becomes a file name and must stay in its folder)")
+    """
+    if not isinstance(name, str) or not name:
+        return "is empty or not text"
+    if name in (".", ".."):
+        return "is '.' or '..' (it becomes a file name and must stay in its folder)"
+    for bad in ("/", "\\"):
+        if bad in name:
+            return f"contains {bad!r} (it becomes a file name and must stay in its folder)"
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        return "contains a control character"
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:
+        return (f"is {size:,} bytes long (at most {MAX_NAME_BYTES}: it becomes a file name, "
+                "and file names stop at 255 bytes)")
+    return None
 
 
 def check_output_location(out: str | Path, folder: bool = True) -> Path:

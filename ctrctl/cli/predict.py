@@ -24,6 +24,9 @@ def predict_command(
         "--compile", help="Compile the program for this machine first (TorchInductor, needs a "
         "C++ compiler; some seconds, then faster scoring; uncompiled with a warning where it "
         "cannot).")] = False,
+    verify: Annotated[Path | None, typer.Option(
+        "--verify", help="Key file: require the artifact's signature made with it "
+        "(`ctrctl quantize --sign`).")] = None,
     overwrite: Overwrite = False,
 ) -> None:
     """Write label + score Parquet (what `ctrctl eval --predictions` reads)."""
@@ -35,11 +38,11 @@ def predict_command(
     with locked(out, "predict"):
         if dataset is not None:
             result = predict_dataset(model, dataset, split, out, batch_size=batch_size,
-                                     overwrite=overwrite, compile=compile)
+                                     overwrite=overwrite, compile=compile, verify_key=verify)
         else:
             assert input is not None
             result = predict_raw(model, input, out, batch_size=batch_size, overwrite=overwrite,
-                                 compile=compile)
+                                 compile=compile, verify_key=verify)
     console.print(f"scored {result.rows:,} rows in {result.seconds:.2f} s "
                   f"({result.rows_per_s:,.0f} rows/s) -> {result.out}")
 

@@ -86,6 +86,9 @@ def quantize_command(
         "--dense-dtype", help="Dense layers: fp32, bf16 or int8 (int8: eager only).")] = "fp32",
     dataset: Annotated[Path | None, typer.Option(
         help="Training dataset (for vocabularies; default: the checkpoint's).")] = None,
+    sign: Annotated[Path | None, typer.Option(
+        "--sign", help="Key file (16+ random bytes): sign the manifest (HMAC-SHA256), so "
+        "`predict --verify KEY` can require it.")] = None,
     overwrite: Overwrite = False,
     tracking_uri: TrackingUri = None,
     no_track: NoTrack = False,
@@ -105,7 +108,7 @@ def quantize_command(
     tracker = tracker_from(no_track, tracking_uri, experiment)
     with locked(out, "quantize"):
         q = quantize_to_artifact(checkpoint, out, config, dataset=dataset, overwrite=overwrite,
-                                 tracker=tracker)
+                                 tracker=tracker, sign_key=sign)
     table = Table(title=f"quantize: {q.fp32_bytes / 2**20:,.2f} MiB -> "
                         f"{q.quantized_bytes / 2**20:,.2f} MiB "
                         f"({q.quantized_bytes / max(q.fp32_bytes, 1):.3f}x)")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrctl.errors import DatasetError, FormatError
-from ctrctl.io import inside, read_json_file, write_json_atomic
+from ctrctl.io import inside, path_name_problem, read_json_file, write_json_atomic
 
 FORMAT = "ctrctl.dataset"
 FORMAT_VERSION = 1
@@ -173,6 +173,14 @@ class DatasetManifest:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"malformed manifest: {exc!r}", where=where) from exc
+        names = [("feature", f.name) for f in manifest.dense]
+        names += [("feature", f.name) for f in manifest.sparse]
+        for kind, name in names + [("split", split) for split in manifest.splits]:
+            problem = path_name_problem(name)
+            if problem:
+                raise FormatError(f"{kind} name {name!r:.80} {problem}", where=where,
+                                  hint="re-run `ctrctl preprocess` with a schema whose names "
+                                       "are plain file names")
         for feature in manifest.sparse:
             if feature.num_embeddings <= 0:
                 raise FormatError(

@@ -57,7 +57,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from ctrctl.errors import SchemaError
-from ctrctl.io import read_text
+from ctrctl.io import path_name_problem, read_text
 
 Role = Literal["label", "dense", "sparse", "ignore"]
 DerivedFeature = Literal["hour_of_day", "weekday", "day"]
@@ -145,6 +145,9 @@ class Column(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> Column:
+        problem = path_name_problem(self.name)
+        if problem:
+            raise ValueError(f"column name {self.name!r:.80} {problem}")
         if self.role == "dense":
             if self.type not in (None, "int", "float"):
                 raise ValueError(f"dense column {self.name!r}: type must be int or float")
@@ -219,6 +222,10 @@ class Schema(_Frozen):
                 f"label {self.label!r} must be the one column with role: label (found {labels})"
             )
         derived = [name for _, name, _ in self.derived_features()]
+        for name in derived:
+            problem = path_name_problem(name)
+            if problem:
+                raise ValueError(f"derived feature name {name!r:.80} {problem}")
         clash = sorted(set(derived) & set(names))
         if clash:
             raise ValueError(f"derived features clash with columns: {clash}")

@@ -15,13 +15,15 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,13 +31,18 @@ from typing import Any
 from ctrctl.errors import ConfigError, DistributedError
 from ctrctl.io import write_json_atomic
 
-__all__ = ["DEFAULT_TIMEOUT_S", "ERROR_DIR_ENV", "init_process_group", "launch",
-           "needs_launch", "report_worker_error", "torchrun_command"]
+__all__ = ["DEFAULT_TIMEOUT_S", "ERROR_DIR_ENV", "LAUNCHER_PID_ENV", "die_with_launcher",
+           "init_process_group", "launch", "needs_launch", "report_worker_error",
+           "torchrun_command"]
 
 logger = logging.getLogger(__name__)
 
 #: Where each rank records its one-line error for the launcher (set by :func:`launch`).
 ERROR_DIR_ENV = "CTRCTL_ERROR_DIR"
+
+#: The pid of the process that ran :func:`launch` (and holds the output's lock), for the
+#: ranks: they die with it (:func:`die_with_launcher`).
+LAUNCHER_PID_ENV = "CTRCTL_LAUNCHER_PID"
 
 #: Seconds a collective waits before failing (``CTRCTL_DIST_TIMEOUT_S`` overrides it).
 DEFAULT_TIMEOUT_S = 300.0
@@ -124,6 +131,58 @@ def worker_failure(folder: Path, code: int, log: Path | None) -> DistributedErro
                             hint=hint)
 
 
+# ---- process lifetime: the launcher, torchrun's agent and the ranks die together ------------
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _kill_me_with_parent() -> bool:
+    """Ask Linux to SIGKILL this process when its parent (thread) ends; False elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (from /proc), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    return int(text.rsplit(")", 1)[1].split()[1])  # the name in (...) may hold spaces
+
+
+def die_with_launcher() -> None:
+    """In a rank that :func:`launch` started: die as soon as torchrun's agent dies.
+
+    torchrun starts the ranks in sessions of their own, so a ``kill -9`` of the launcher's
+    process group or of the agent left them training on, writing the output whose lock
+    had died with the launcher. Each rank asks the kernel for SIGKILL when its parent (the
+    agent) ends, and the agent gets the same with the launcher as parent
+    (:func:`launch`): the work lives exactly as long as the process holding the lock. A
+    parent that died before the request is caught by looking again: the agent's parent
+    must still be the launcher. Outside a launch, or off Linux, it does nothing.
+    """
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    if not launcher or not _kill_me_with_parent():
+        return
+    agent = os.getppid()
+    if agent != int(launcher) and _parent_of(agent) != int(launcher):
+        os.kill(os.getpid(), signal.SIGKILL)  # orphaned before the request took effect
+
+
+def _agent_dies_with(launcher: int) -> Callable[[], None]:
+    """``preexec_fn`` for torchrun's agent: SIGKILL when the launcher ends."""
+    def setup() -> None:
+        if _kill_me_with_parent() and os.getppid() != launcher:
+            os._exit(1)
+    return setup
+
+
 def launch(
     program: Sequence[str],
     nproc_per_node: int,
@@ -155,15 +214,18 @@ def launch(
     logger.info("starting %d process(es): %s", nproc_per_node * nnodes, " ".join(cmd))
     verbose = logging.getLogger("ctrctl").isEnabledFor(logging.DEBUG)
     with tempfile.TemporaryDirectory(prefix="ctrctl-ranks-") as errors:
-        ranks_env = {**os.environ, **(env or {}), ERROR_DIR_ENV: errors}
+        ranks_env = {**os.environ, **(env or {}), ERROR_DIR_ENV: errors,
+                     LAUNCHER_PID_ENV: str(os.getpid())}
+        agent = _agent_dies_with(os.getpid())
         if verbose:
-            code = subprocess.run(cmd, env=ranks_env, check=False).returncode
+            code = subprocess.run(cmd, env=ranks_env, check=False, preexec_fn=agent).returncode
             log = None
         else:
             fd, name = tempfile.mkstemp(prefix="ctrctl-ranks-", suffix=".log")
             log = Path(name)
             with os.fdopen(fd, "w") as handle:
-                code = subprocess.run(cmd, env=ranks_env, stderr=handle, check=False).returncode
+                code = subprocess.run(cmd, env=ranks_env, stderr=handle, check=False,
+                                      preexec_fn=agent).returncode
         if code == 0:
             if log is not None:
                 log.unlink(missing_ok=True)
@@ -185,6 +247,7 @@ def init_process_group(device: str = "auto", timeout_s: float | None = None) -> 
     Raises:
         DistributedError: when the group cannot be formed, naming the rank.
     """
+    die_with_launcher()
     import torch
     import torch.distributed as dist
 

@@ -201,7 +201,8 @@ def _vocabulary_files(manifest: DatasetManifest, dataset: Path | None, stage: Pa
 
 
 def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: bool = False,
-                   dataset: str | Path | None = None) -> Path:
+                   dataset: str | Path | None = None,
+                   sign_key: str | Path | bytes | None = None) -> Path:
     """Export, write and verify the serving artifact folder ``out`` atomically.
 
     Args:
@@ -209,6 +210,8 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
         out: the artifact folder.
         overwrite: replace an existing ``out``.
         dataset: the training dataset folder, for vocabulary-mode features' vocabularies.
+        sign_key: sign the manifest with this key (a key file's path, or its bytes):
+            ``manifest.sig``, which ``ctrctl predict --verify KEY`` requires.
 
     Raises:
         OutputExistsError: ``out`` exists and ``overwrite`` is False.
@@ -217,6 +220,7 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
     if out.exists() and not overwrite:
         raise OutputExistsError("the export folder already exists", where=str(out),
                                 hint="pass --overwrite to replace it")
+    key = signing_key(sign_key) if sign_key is not None else None
     model = quantized.model
     program = export_program(model)
     state = _stripped_copy(program)
@@ -262,7 +266,10 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
             entry["bytes"] = (stage / relative).stat().st_size
         write_json_atomic(stage / standalone.MANIFEST,
                           _manifest(quantized, program, state, files, vocabularies))
-        standalone.verify(str(stage))
+        if key is not None:
+            standalone.sign(str(stage), key)
+        standalone.verify(str(stage), verify_key=key)
+        readable_by_others(stage)
         if out.exists():
             shutil.rmtree(out)
         os.replace(stage, out)
@@ -271,6 +278,29 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
         raise
     logger.info("serving artifact written: %s", out)
     return out
+
+
+def signing_key(key: str | Path | bytes) -> bytes:
+    """The bytes of a signing key (``key`` itself, or its file's).
+
+    Raises:
+        ConfigError: the key file cannot be read, or holds fewer than 16 bytes.
+    """
+    try:
+        return standalone.read_key(key if isinstance(key, bytes) else str(key))
+    except standalone.ArtifactError as exc:
+        raise ConfigError(str(exc), where="--sign/--verify",
+                          hint="give a file of at least 16 random bytes") from None
+
+
+def readable_by_others(folder: Path) -> None:
+    """Give ``folder`` (a temporary folder: mode 0700) and everything in it the modes a new
+    file gets under the umask (0755 / 0644 under 022), so a serving account can read it."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def _manifest(quantized: QuantizedModel, program: torch.export.ExportedProgram,
@@ -321,15 +351,18 @@ def _manifest(quantized: QuantizedModel, program: torch.export.ExportedProgram,
     }
 
 
-def load_artifact(folder: str | Path, device: str = "cpu", compile: bool = False) -> Any:
+def load_artifact(folder: str | Path, device: str = "cpu", compile: bool = False,
+                  verify_key: str | Path | bytes | None = None) -> Any:
     """Verify and load an artifact with its standalone loader (a ``serving.ServingModel``;
-    ``compile``: see :func:`ctrctl.inference.standalone.load`)."""
-    return standalone.load(str(folder), device=device, compile=compile)
+    ``compile`` and ``verify_key``: see :func:`ctrctl.inference.standalone.load`)."""
+    key = signing_key(verify_key) if verify_key is not None else None
+    return standalone.load(str(folder), device=device, compile=compile, verify_key=key)
 
 
 def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *,
                          dataset: str | Path | None = None, overwrite: bool = False,
-                         tracker: Any = None, log_model: bool = True) -> QuantizedModel:
+                         tracker: Any = None, log_model: bool = True,
+                         sign_key: str | Path | bytes | None = None) -> QuantizedModel:
     """``ctrctl quantize`` as a library call: quantize, place, export, track.
 
     Args:
@@ -341,6 +374,7 @@ def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *
         overwrite: replace an existing ``out``.
         tracker: a :class:`ctrctl.tracking.Tracker`; the run is tagged with the training
             run's id and, with ``log_model``, gets the artifact as an MLflow pyfunc model.
+        sign_key: sign the artifact's manifest with this key (:func:`write_artifact`).
 
     Returns:
         The quantized model (with its table report and plan).
@@ -353,6 +387,8 @@ def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *
     if out.exists() and not overwrite:
         raise OutputExistsError("the export folder already exists", where=str(out),
                                 hint="pass --overwrite to replace it")
+    if sign_key is not None:
+        sign_key = signing_key(sign_key)  # before the work: a bad key file fails first
     tracker = tracker or Tracker()
     if dataset is None:
         recorded = ckpt.read_metadata(checkpoint).extra.get("dataset")
@@ -362,7 +398,7 @@ def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *
         if quantized.training_run_id:
             run.set_tags({"ctrctl.training_run_id": quantized.training_run_id})
         run.log_params({"checkpoint": str(quantized.checkpoint), **config.to_dict()})
-        write_artifact(quantized, out, overwrite=overwrite, dataset=dataset)
+        write_artifact(quantized, out, overwrite=overwrite, dataset=dataset, sign_key=sign_key)
         metrics: dict[str, float] = {
             "bytes.fp32": float(quantized.fp32_bytes),
             "bytes.quantized": float(quantized.quantized_bytes),

@@ -220,12 +220,14 @@ def _write_scores(out: Path, labels: list[np.ndarray], scores: list[np.ndarray],
 
 def predict_dataset(model_dir: str | Path, dataset: str | Path, split: str,
                     out: str | Path, *, batch_size: int = 8192, overwrite: bool = False,
-                    num_workers: int = 1, compile: bool = False) -> PredictResult:
+                    num_workers: int = 1, compile: bool = False,
+                    verify_key: str | Path | bytes | None = None) -> PredictResult:
     """Score a preprocessed split with a serving artifact; write label + score Parquet.
 
     ``compile`` compiles the program with TorchInductor first (``serving.load``'s
     ``compile``: several seconds, then faster batches; the program as exported, with a
-    warning, where it cannot compile).
+    warning, where it cannot compile). ``verify_key`` (a key file's path, or the key)
+    requires the artifact's signature (``ctrctl quantize --sign``).
 
     Raises:
         DatasetError: the dataset's transforms are not the model's (names the transform).
@@ -237,7 +239,8 @@ def predict_dataset(model_dir: str | Path, dataset: str | Path, split: str,
     if out.exists() and not overwrite:
         raise OutputExistsError("the scores file already exists", where=str(out),
                                 hint="pass --overwrite to replace it")
-    serving = load_artifact(model_dir, compile=compile)  # verifies every file's hash first
+    # Verifies every file's hash (and the signature, with a key) first.
+    serving = load_artifact(model_dir, compile=compile, verify_key=verify_key)
     recorded = Path(model_dir) / "dataset" / "manifest.json"
     manifest = DatasetManifest.load(dataset)
     if recorded.is_file():
@@ -256,7 +259,8 @@ def predict_dataset(model_dir: str | Path, dataset: str | Path, split: str,
 
 def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
                 batch_size: int = 8192, overwrite: bool = False,
-                on_bad_rows: str = "error", compile: bool = False) -> PredictResult:
+                on_bad_rows: str = "error", compile: bool = False,
+                verify_key: str | Path | bytes | None = None) -> PredictResult:
     """Score raw logs: preprocess them with the model's schema, vocabularies and hash sizes
     (``ctrctl.data``'s transforms, as ``--reuse-transforms`` applies them), then score.
     """
@@ -266,6 +270,12 @@ def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
     if out.exists() and not overwrite:
         raise OutputExistsError("the scores file already exists", where=str(out),
                                 hint="pass --overwrite to replace it")
+    from ctrctl.inference import standalone
+    from ctrctl.inference.export import signing_key
+
+    # The folder's transforms are read below, before the model loads: check it first.
+    standalone.verify(str(model_dir), verify_key=signing_key(verify_key)
+                      if verify_key is not None else None)
     transforms = Path(model_dir) / "dataset"
     if not (transforms / "manifest.json").is_file():
         raise DatasetError("the artifact records no dataset transforms", where=str(model_dir),
@@ -277,5 +287,5 @@ def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
         preprocess(None, [f"test={raw}"], staged, reuse_transforms=transforms,
                    on_bad_rows=on_bad_rows)  # type: ignore[arg-type]
         result = predict_dataset(model_dir, staged, "test", out, batch_size=batch_size,
-                                 overwrite=overwrite, compile=compile)
+                                 overwrite=overwrite, compile=compile, verify_key=verify_key)
     return PredictResult(out, result.rows, time.perf_counter() - started, True)

@@ -1,8 +1,8 @@
 """Load and run a ctrctl serving artifact with torch, fbgemm_gpu and safetensors alone.
 
 This file is copied into every artifact as ``serving.py`` and must not import ctrctl: it
-imports only torch, safetensors, json, hashlib and warnings (and fbgemm_gpu, which
-registers the embedding kernel's op, when the program uses it). Raw rows of string features
+imports only torch, safetensors and the standard library (and fbgemm_gpu, which registers
+the embedding kernel's op, when the program uses it). Raw rows of string features
 in hash mode need the preprocess step's string hash, which is polars' ``hash(seed)``: for
 them (and only them) polars is imported, and before its first use it must give the ids the
 artifact recorded for a set of probe strings (the ids the training data's polars gave), so a
@@ -21,8 +21,18 @@ Folder::
     serving_plan.json        which shard holds which table
     serving.py               this loader
 
-Example:
-    >>> import serving
+Nothing runs from the folder but this file: every file in it must be listed in the manifest,
+no listed path may leave it, only regular files are opened, and ``program.pt2`` is checked
+entry by entry before torch reads it (:func:`check_program_archive`). A folder signed with
+``ctrctl quantize --sign KEY`` carries ``manifest.sig``; ``load(folder, verify_key=KEY)``
+refuses one that is unsigned or signed with another key.
+
+Example (load this file by its path, so that no other module resolves from the folder, and
+write no ``__pycache__`` there: the folder holds listed files only):
+    >>> import importlib.util, sys
+    >>> sys.dont_write_bytecode = True
+    >>> spec = importlib.util.spec_from_file_location("serving", "export/serving.py")
+    >>> serving = importlib.util.module_from_spec(spec); spec.loader.exec_module(serving)
     >>> model = serving.load("export")
     >>> model.predict_records([{"I1": "3", "C1": "68fd1e64", ...}])     # [0.031, ...]
     >>> model.score(dense, ids, lengths)                                # (B,) tensor
@@ -37,8 +47,13 @@ does: bitwise for a bfloat16 dense part, within an ulp for an FP32 one, in the t
 """
 
 import hashlib
+import hmac
 import json
+import os
+import re
+import stat
 import warnings
+import zipfile
 
 import torch
 from safetensors.torch import load_file
@@ -46,6 +61,7 @@ from safetensors.torch import load_file
 FORMAT = "ctrctl.export"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+SIGNATURE = "manifest.sig"  # HMAC-SHA256 of manifest.json's bytes under a shared key
 
 
 class ArtifactError(Exception):
@@ -68,18 +84,26 @@ def _join(folder, relative):
     return str(folder).rstrip("/") + "/" + relative
 
 
-def verify(folder):
-    """Read the manifest and check every file it lists (size, then sha256); return it."""
+def verify(folder, verify_key=None):
+    """Read the manifest and check the folder against it; return the manifest.
+
+    Every file it lists must be a regular file inside the folder with the listed size and
+    sha256, and the folder must hold no file it does not list (but the manifest and its
+    signature). With ``verify_key`` (the key's bytes, or the path of a key file) the
+    manifest must carry a signature made with that key (:func:`sign`).
+    """
     where = _join(folder, MANIFEST)
     try:
-        with open(where) as handle:
-            manifest = json.load(handle)
+        handle, _ = _open_regular(where)
+        with handle:
+            raw = handle.read()
+        manifest = json.loads(raw)
     except FileNotFoundError:
         raise ArtifactError(f"{where}: no manifest: not a ctrctl serving artifact") from None
-    except OSError as exc:  # a file where the folder should be, no permission
-        raise ArtifactError(f"{where}: cannot read the manifest ({exc.strerror})") from None
     except ValueError as exc:  # not JSON, or not UTF-8
         raise ArtifactError(f"{where}: the manifest is not valid JSON ({exc})") from None
+    if verify_key is not None:
+        check_signature(folder, raw, verify_key)
     if not isinstance(manifest, dict):
         raise ArtifactError(f"{where}: the manifest is not a JSON object")
     if manifest.get("format") != FORMAT:
@@ -87,21 +111,215 @@ def verify(folder):
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{where}: format version {manifest.get('format_version')} is "
                             f"not supported (this loader reads {FORMAT_VERSION})")
-    for relative, entry in sorted(manifest.get("files", {}).items()):
-        path = _join(folder, relative)
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(0, 2)
-                size = handle.tell()
-        except FileNotFoundError:
-            raise ArtifactError(f"{path}: missing (the manifest lists it)") from None
-        if size != entry["bytes"]:
-            raise ArtifactError(f"{path}: {size} bytes where the manifest says "
-                                f"{entry['bytes']}: the file is truncated or replaced")
-        if sha256_file(path) != entry["sha256"]:
-            raise ArtifactError(f"{path}: sha256 differs from the manifest's: the file was "
-                                "modified or swapped with another")
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise ArtifactError(f"{where}: 'files' must map each file's path to its sha256 and "
+                            f"bytes, got {type(files).__name__}")
+    for relative, entry in sorted(files.items()):
+        path = _inside(folder, relative)
+        if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
+                and isinstance(entry.get("sha256"), str)):
+            raise ArtifactError(f"{where}: the entry of {relative!r} needs 'sha256' (hex) and "
+                                f"'bytes' (an integer), got {entry!r:.200}")
+        handle, size = _open_regular(path)
+        with handle:
+            if size != entry["bytes"]:
+                raise ArtifactError(f"{path}: {size} bytes where the manifest says "
+                                    f"{entry['bytes']}: the file is truncated or replaced")
+            if _sha256_handle(handle) != entry["sha256"]:
+                raise ArtifactError(f"{path}: sha256 differs from the manifest's: the file "
+                                    "was modified or swapped with another")
+    check_listed(folder, files)
     return manifest
+
+
+# ---- what the folder may hold (nothing runs from an artifact but serving.py) -------------------
+def _inside(folder, relative):
+    """The path of ``relative`` (a manifest's file or vocabulary path) in ``folder``;
+    :class:`ArtifactError` where it is not a plain relative path or leaves the folder."""
+    parts = relative.split("/") if isinstance(relative, str) else [""]
+    if any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts):
+        raise ArtifactError(f"{_join(folder, MANIFEST)}: the path {relative!r} is not a plain "
+                            "relative path inside the artifact folder")
+    path = _join(folder, relative)
+    root, real = os.path.realpath(folder), os.path.realpath(path)
+    if os.path.commonpath([root, real]) != root:
+        raise ArtifactError(f"{path}: leaves the artifact folder (a symbolic link to {real}): "
+                            "copy the file into the folder")
+    return path
+
+
+def _open_regular(path):
+    """``(binary handle, size)`` of ``path``; :class:`ArtifactError` unless it is a regular
+    file (opened without blocking: a FIFO or a device would hang or never end)."""
+    try:
+        # Looked at before opening (opening a device can act on it), then again on the open
+        # file (the path may have been swapped in between).
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ArtifactError(f"{path}: not a regular file (a FIFO, device or folder): an "
+                                "artifact holds files only")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        if path.endswith("/" + MANIFEST):
+            raise
+        raise ArtifactError(f"{path}: missing (the manifest lists it)") from None
+    except OSError as exc:  # a folder where a file should be, no permission
+        what = "the manifest" if path.endswith("/" + MANIFEST) else "it"
+        raise ArtifactError(f"{path}: cannot read {what} ({exc.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ArtifactError(f"{path}: not a regular file (a FIFO, device or folder): an "
+                            "artifact holds files only")
+    return os.fdopen(fd, "rb"), info.st_size
+
+
+def _sha256_handle(handle, chunk=1 << 20):
+    digest = hashlib.sha256()
+    for block in iter(lambda: handle.read(chunk), b""):
+        digest.update(block)
+    return digest.hexdigest()
+
+
+def check_listed(folder, files):
+    """:class:`ArtifactError` for the first file (or link) in ``folder`` that ``files`` (the
+    manifest's) does not list: an unlisted module could be imported, or a file swapped in
+    later."""
+    for top, dirs, names in os.walk(folder):
+        links = [d for d in dirs if os.path.islink(os.path.join(top, d))]
+        for name in sorted(names + links):
+            path = os.path.join(top, name)
+            relative = os.path.relpath(path, folder).replace(os.sep, "/")
+            if relative not in files and relative not in (MANIFEST, SIGNATURE):
+                raise ArtifactError(f"{path}: not listed in the manifest: an artifact holds "
+                                    "only the files it lists (remove it, or export again)")
+
+
+# ---- the program archive: refused before torch reads it where it could unpickle or run code -----
+_ARCHIVE_FILES = {"archive_format", "archive_version", "byteorder", ".data/version",
+                  ".data/serialization_id", "models/model.json", "data/sample_inputs/model.pt",
+                  "data/weights/model_weights_config.json",
+                  "data/constants/model_constants_config.json"}
+_PAYLOADS = {"weights": re.compile(r"weight_[0-9]+"), "constants": re.compile(r"tensor_[0-9]+")}
+_OPERATOR = re.compile(r"torch\.ops\.[a-z_][a-z0-9_]*\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+"
+                       r"|_operator\.[a-z_]+|math\.[a-z_]+")
+# Shape expressions (sympy, parsed by eval) and guards (compiled to Python): these tokens only.
+_SYMPY = re.compile(r"(?:Symbol|Integer|Rational|Mul|Add|Pow|Max|Min|Mod|FloorDiv|CeilToInt"
+                    r"|FloorToInt|positive|integer|nonnegative|True|False|'[a-z]+[0-9]+'"
+                    r"|[a-z]+[0-9]+|[0-9]+|[-+*/(),=\s])*")
+_GUARD = re.compile(r"(?:L\['[A-Za-z_][A-Za-z0-9_]*'\]|\.size\(\)|\.stride\(\)|\[[0-9]+\]"
+                    r"|[0-9]+|and|or|not|[-+*/%<>=!()\s])*")
+
+
+def check_program_archive(path):
+    """Refuse a ``torch.export`` archive that loading could unpickle or run code from.
+
+    ``torch.export.load`` unpickles any weight or constant whose config says
+    ``use_pickle``, custom objects, sample inputs and legacy archives, evaluates shape
+    expressions and compiles guards into Python. This loader's programs hold raw tensors,
+    no sample inputs, ATen/FBGEMM operators and plain shape guards: anything else is an
+    :class:`ArtifactError` before torch sees the file.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            roots = {name.split("/", 1)[0] for name in names}
+            if len(roots) != 1 or len(set(names)) != len(names):
+                raise ArtifactError(f"{path}: not a torch.export archive (one root folder, "
+                                    "no entry twice)")
+            root = roots.pop() + "/"
+            for name in names:
+                relative = name[len(root):]
+                folder, _, base = relative.rpartition("/")
+                payload = _PAYLOADS.get(folder.rpartition("/")[2]) if folder.startswith("data/") else None
+                if relative not in _ARCHIVE_FILES and not (payload and payload.fullmatch(base)):
+                    raise ArtifactError(f"{path}: unexpected entry {name!r}: this loader reads "
+                                        "programs of raw tensors only")
+            if archive.getinfo(root + "data/sample_inputs/model.pt").file_size:
+                raise ArtifactError(f"{path}: the program carries sample inputs (a pickle)")
+            for kind in _PAYLOADS:
+                config = json.loads(archive.read(f"{root}data/{kind}/model_{kind}_config.json"))
+                for fqn, entry in config["config"].items():
+                    if entry.get("use_pickle") is not False or not _PAYLOADS[kind].fullmatch(
+                            str(entry.get("path_name"))):
+                        raise ArtifactError(f"{path}: {kind} {fqn!r} is stored as a pickle, "
+                                            "which loading would run: refused")
+            _check_graph(path, json.loads(archive.read(root + "models/model.json")))
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, ValueError, TypeError,
+            AttributeError) as exc:
+        raise ArtifactError(f"{path}: not a torch.export program this loader reads "
+                            f"({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _check_graph(path, program):
+    """Operators, shape expressions and guards of a serialized program (see above)."""
+    pending = [program]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, list):
+            pending.extend(item)
+            continue
+        if not isinstance(item, dict):
+            continue
+        for key, value in item.items():
+            if key == "target" and isinstance(value, str) and not _OPERATOR.fullmatch(value):
+                raise ArtifactError(f"{path}: the program calls {value!r:.100}, not an "
+                                    "operator: refused")
+            if key == "expr_str" and not _SYMPY.fullmatch(str(value)):
+                raise ArtifactError(f"{path}: a shape expression {value!r:.100} is refused")
+            pending.append(value)
+    for text in list(program.get("range_constraints") or {}) + list(program.get("guards_code")
+                                                                     or []):
+        if not (_SYMPY.fullmatch(text) or _GUARD.fullmatch(text)):
+            raise ArtifactError(f"{path}: a shape guard {text!r:.100} is refused")
+
+
+# ---- signatures ---------------------------------------------------------------------------------
+def read_key(key):
+    """A signing key: ``key`` itself (bytes), or the bytes of the key file at ``key``."""
+    if isinstance(key, bytes):
+        data = key
+    else:
+        try:
+            with open(key, "rb") as handle:
+                data = handle.read()
+        except OSError as exc:
+            raise ArtifactError(f"{key}: cannot read the key file ({exc.strerror})") from None
+    if len(data) < 16:
+        raise ArtifactError(f"{key if not isinstance(key, bytes) else 'the key'}: a key needs "
+                            "at least 16 bytes (e.g. `head -c 32 /dev/urandom > KEY`)")
+    return data
+
+
+def _mac(manifest_bytes, key):
+    return hmac.new(read_key(key), manifest_bytes, hashlib.sha256).hexdigest()
+
+
+def sign(folder, key):
+    """Write ``manifest.sig``: the HMAC-SHA256 of ``manifest.json`` under ``key`` (bytes,
+    or a key file's path). The manifest lists every file's sha256, so this signs them all."""
+    with open(_join(folder, MANIFEST), "rb") as handle:
+        signature = {"algorithm": "hmac-sha256", "mac": _mac(handle.read(), key)}
+    with open(_join(folder, SIGNATURE), "w") as handle:
+        json.dump(signature, handle)
+
+
+def check_signature(folder, manifest_bytes, key):
+    """:class:`ArtifactError` unless ``manifest.sig`` is the manifest's MAC under ``key``."""
+    where = _join(folder, SIGNATURE)
+    try:
+        handle, _ = _open_regular(where)
+        with handle:
+            signature = json.loads(handle.read())
+        mac = signature["mac"] if signature.get("algorithm") == "hmac-sha256" else None
+    except FileNotFoundError:
+        raise ArtifactError(f"{where}: missing: the artifact is not signed (sign it with "
+                            "`ctrctl quantize --sign KEY`)") from None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        mac = None
+    if not isinstance(mac, str) or not hmac.compare_digest(mac, _mac(manifest_bytes, key)):
+        raise ArtifactError(f"{where}: the signature does not match the manifest under this "
+                            "key: the artifact was changed, or signed with another key")
 
 
 class ServingModel:
@@ -309,7 +527,7 @@ def _sparse_ids(feature, keys, vocabulary):
     return out
 
 
-def load(folder, device="cpu", compile=False):
+def load(folder, device="cpu", compile=False, verify_key=None):
     """Verify and load an artifact folder; returns a :class:`ServingModel`.
 
     Args:
@@ -317,9 +535,18 @@ def load(folder, device="cpu", compile=False):
         device: where the tensors go.
         compile: compile the program with TorchInductor (module docstring); where that
             fails the program runs as exported, with a warning.
+        verify_key: require a signature made with this key (bytes, or a key file's path;
+            :func:`sign`); None loads signed and unsigned folders alike.
     """
-    manifest = verify(folder)
-    program = manifest["program"]
+    manifest = verify(folder, verify_key=verify_key)
+    program = manifest.get("program")
+    if not isinstance(program, dict) or not isinstance(manifest.get("input"), dict):
+        raise ArtifactError(f"{_join(folder, MANIFEST)}: 'program' and 'input' must be JSON "
+                            "objects")
+    if program.get("file") not in manifest["files"]:
+        raise ArtifactError(f"{_join(folder, MANIFEST)}: the program file "
+                            f"{program.get('file')!r} is not among the listed files")
+    check_program_archive(_join(folder, program["file"]))
     if program.get("needs_fbgemm"):
         try:
             import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
@@ -362,8 +589,7 @@ def load(folder, device="cpu", compile=False):
     vocabularies = {}
     for feature in manifest["input"]["sparse"]:
         if feature["mode"] == "vocab":
-            with open(_join(folder, feature["vocabulary"])) as handle:
-                vocabularies[feature["name"]] = json.load(handle)
+            vocabularies[feature["name"]] = _read_vocabulary(folder, manifest, feature)
     module, compiled = exported.module(), False
     if compile:
         contract = manifest["input"]
@@ -377,6 +603,23 @@ def load(folder, device="cpu", compile=False):
                           f"({type(exc).__name__}: {reason}); it runs as exported",
                           RuntimeWarning, stacklevel=2)
     return ServingModel(folder, manifest, module, vocabularies, compiled)
+
+
+def _read_vocabulary(folder, manifest, feature):
+    """A vocabulary feature's key -> id map, from a file the manifest lists (and hashed)."""
+    relative = feature.get("vocabulary")
+    if relative not in manifest["files"]:
+        raise ArtifactError(f"{_join(folder, MANIFEST)}: the vocabulary {relative!r} of "
+                            f"feature {feature.get('name')!r} is not among the listed files")
+    handle, _ = _open_regular(_inside(folder, relative))
+    try:
+        with handle:
+            vocabulary = json.loads(handle.read())
+    except ValueError as exc:
+        raise ArtifactError(f"{_join(folder, relative)}: not a JSON vocabulary ({exc})") from None
+    if not isinstance(vocabulary, dict):
+        raise ArtifactError(f"{_join(folder, relative)}: a vocabulary is a JSON object")
+    return vocabulary
 
 
 # ---- compiling ---------------------------------------------------------------------------------

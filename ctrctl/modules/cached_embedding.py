@@ -1,8 +1,9 @@
 """Embedding bags whose tables live on disk, with a DRAM cache of hot rows (CPU).
 
 The ``fused_cached`` kernel: each table (weights and the fused optimizer's per-row state) is a
-sparse memory-mapped file, and a :class:`~ctrctl.modules.row_cache.SetAssociativeRowCache`
-of ``cache_load_factor x rows`` slots holds the rows a batch reads and the optimizer updates.
+memory-mapped file (its blocks reserved at creation), and a
+:class:`~ctrctl.modules.row_cache.SetAssociativeRowCache` of ``cache_load_factor x rows``
+slots holds the rows a batch reads and the optimizer updates.
 The lookup pools over cache slots instead of row ids::
 
     batch ids ──prefetch──▶ unique ─▶ cache lookup (evict unlocked LRU, write back dirty,
@@ -54,7 +55,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctrctl.errors import ConfigError, SparseInputError
+from ctrctl.errors import ConfigError, OutputLocationError, SparseInputError
 from ctrctl.modules.embedding_kernel import (
     batch_of,
     copy_optimizer_states,
@@ -248,17 +249,29 @@ class CachedEmbeddingBag(nn.Module):
             self._tmp = tempfile.TemporaryDirectory(prefix="ctrctl-cache-")
             directory = Path(self._tmp.name)
         else:
-            Path(cache_dir).mkdir(parents=True, exist_ok=True)
-            directory = Path(tempfile.mkdtemp(prefix="tables-", dir=cache_dir))
+            try:
+                Path(cache_dir).mkdir(parents=True, exist_ok=True)
+                directory = Path(tempfile.mkdtemp(prefix="tables-", dir=cache_dir))
+            except OSError as exc:  # read-only, full, a file in the way
+                raise OutputLocationError(
+                    f"cannot create the cached tables' folder: {exc.strerror}",
+                    where=str(cache_dir), hint="point model.cache_dir at a writable folder "
+                                               "with room for the cached tables") from None
             weakref.finalize(self, shutil.rmtree, directory, True)  # scratch, like the above
         self.directory = directory
         self.names = names
         self.caches: list[SetAssociativeRowCache] = []
-        for t, (rows, dim) in enumerate(self.tables):
-            store = RowFile(directory, names[t], rows, dim,
-                            state_shapes(self.optimizer.kind, dim), seeds[t], ranges[t],
-                            blocks[t] if blocks is not None else None)
-            self.caches.append(SetAssociativeRowCache(store, factors[t], ways))
+        try:
+            for t, (rows, dim) in enumerate(self.tables):
+                store = RowFile(directory, names[t], rows, dim,
+                                state_shapes(self.optimizer.kind, dim), seeds[t], ranges[t],
+                                blocks[t] if blocks is not None else None)
+                self.caches.append(SetAssociativeRowCache(store, factors[t], ways))
+        except BaseException:  # a full disk: remove what was created before saying so
+            for cache in self.caches:
+                cache.store.close()
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
         self._table_features = [
             [f for f, t in enumerate(self.feature_table_map) if t == table] for table in range(n)
         ]

@@ -1,10 +1,12 @@
 """A table on disk and a set-associative DRAM cache of its hot rows.
 
-The whole table (weights and the fused optimizer's per-row state) lives in sparse
-memory-mapped files (:class:`RowFile`). A row that was never written is not on disk: it is
-initialised on demand from ``(table seed, row id)`` by :func:`hashed_uniform`, so a huge table
-costs disk only for the rows it has seen, and an in-memory reference table built with the
-same rule starts from the same bits.
+The whole table (weights and the fused optimizer's per-row state) lives in memory-mapped
+files (:class:`RowFile`). Their blocks are reserved when they are created (a mapped write to
+a full disk would be a SIGBUS; a checkpoint writes the whole table anyway), and their sizes
+are checked before rows are read or written (a file truncated under its mapping would be
+too). A row that was never written is initialised on demand from ``(table seed, row id)``
+by :func:`hashed_uniform`, so an in-memory reference table built with the same rule starts
+from the same bits.
 
 :class:`SetAssociativeRowCache` keeps ``ways`` (32) slots per set; row ``r`` lives in set
 ``r % num_sets``, and a set replaces its least recently used unlocked slot::
@@ -34,16 +36,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import math
 import mmap
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
 
-from ctrctl.errors import CtrctlError
+from ctrctl.errors import CtrctlError, OutputLocationError
 
 __all__ = ["CacheCounters", "RowFile", "SetAssociativeRowCache", "hashed_uniform"]
 
@@ -96,13 +101,49 @@ def hashed_uniform(
     return np.float32(low) + np.float32(high - low) * unit
 
 
-def _sparse_file(path: Path, nbytes: int) -> None:
-    with open(path, "wb") as f:
-        f.truncate(max(nbytes, 1))
+def _disk_error(path: Path, exc: OSError, nbytes: int) -> OutputLocationError:
+    """One line for a cache file that cannot be created or reserved (full, read-only)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return OutputLocationError(
+            f"no room for the cached table's file ({nbytes:,} bytes): {exc.strerror}",
+            where=str(path), hint="free disk space, or point model.cache_dir at a disk with "
+                                  "room for every cached table")
+    return OutputLocationError(f"cannot write the cached table's file: {exc.strerror}",
+                               where=str(path),
+                               hint="point model.cache_dir at a writable folder")
+
+
+def _reserved_file(path: Path, nbytes: int) -> BinaryIO:
+    """Create ``path`` of ``nbytes`` with every block reserved, open for reading and writing.
+
+    A sparse file whose disk fills up cannot take a page written through its mapping: the
+    process dies of SIGBUS, with no message. ``posix_fallocate`` reserves the blocks now, so
+    a full disk is one :class:`OutputLocationError` before training (a checkpoint writes the
+    whole table anyway). Where the file system cannot reserve (EOPNOTSUPP, EINVAL), the
+    file stays sparse.
+    """
+    nbytes = max(nbytes, 1)
+    try:
+        handle = open(path, "w+b")  # noqa: SIM115  (kept open: its size is checked later)
+    except OSError as exc:
+        raise _disk_error(path, exc, nbytes) from None
+    try:
+        handle.truncate(nbytes)
+        if hasattr(os, "posix_fallocate"):
+            try:
+                os.posix_fallocate(handle.fileno(), 0, nbytes)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                    raise
+    except OSError as exc:
+        handle.close()
+        path.unlink(missing_ok=True)
+        raise _disk_error(path, exc, nbytes) from None
+    return handle
 
 
 class RowFile:
-    """One table's weights and optimizer state in sparse memory-mapped files.
+    """One table's weights and optimizer state in memory-mapped files (blocks reserved).
 
     Args:
         directory: where the files go (created; one ``<name>.<part>.f32`` per tensor).
@@ -126,18 +167,26 @@ class RowFile:
         init_range: tuple[float, float],
         block: tuple[int, int, int] | None = None,
     ) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _disk_error(directory, exc, 0) from None
         self.block = block or (0, 0, int(dim))
         self.rows, self.dim, self.seed = int(rows), int(dim), int(seed)
         self.init_range = (float(init_range[0]), float(init_range[1]))
         self.state_shapes = {k: tuple(v) for k, v in state_shapes.items()}
         self.paths: list[Path] = []
         self._maps: list[mmap.mmap] = []
-        self.weight = self._map(directory / f"{name}.weight.f32", (self.rows, self.dim))
-        self.states = {
-            k: self._map(directory / f"{name}.{k}.f32", (self.rows, *shape))
-            for k, shape in self.state_shapes.items()
-        }
+        self._files: list[tuple[BinaryIO, int]] = []  # (open file, its size), checked
+        try:
+            self.weight = self._map(directory / f"{name}.weight.f32", (self.rows, self.dim))
+            self.states = {
+                k: self._map(directory / f"{name}.{k}.f32", (self.rows, *shape))
+                for k, shape in self.state_shapes.items()
+            }
+        except BaseException:
+            self.close()  # no partial cache files left behind
+            raise
         self.touched = np.zeros(self.rows, dtype=bool)  # written to the file at least once
         self.row_bytes = 4 * (self.dim + sum(math.prod(s) for s in self.state_shapes.values()))
         self.file_bytes = self.rows * self.row_bytes
@@ -145,12 +194,28 @@ class RowFile:
 
     def _map(self, path: Path, shape: tuple[int, ...]) -> np.ndarray:
         nbytes = 4 * math.prod(shape)
-        _sparse_file(path, nbytes)
-        with open(path, "r+b") as f:
-            mapped = mmap.mmap(f.fileno(), max(nbytes, 1))
+        handle = _reserved_file(path, nbytes)
         self.paths.append(path)
+        self._files.append((handle, max(nbytes, 1)))
+        self.check()
+        mapped = mmap.mmap(handle.fileno(), max(nbytes, 1))
         self._maps.append(mapped)
         return np.frombuffer(mapped, dtype=np.float32, count=math.prod(shape)).reshape(shape)
+
+    def check(self) -> None:
+        """:class:`OutputLocationError` naming a file shorter than its mapping.
+
+        Touching a mapped page past a file's end kills the process with SIGBUS, no message:
+        each read and write of rows looks at the sizes first (an ``fstat`` per file, on the
+        open file, so a deleted file still counts as whole).
+        """
+        for (handle, nbytes), path in zip(self._files, self.paths, strict=True):
+            size = os.fstat(handle.fileno()).st_size
+            if size < nbytes:
+                raise OutputLocationError(
+                    f"the cached table's file is {size:,} bytes where {nbytes:,} are mapped: "
+                    "it was truncated while in use", where=str(path),
+                    hint="leave model.cache_dir alone while training, and train again")
 
     def initial(self, ids: np.ndarray) -> np.ndarray:
         """(n, dim) initial weights of ``ids``."""
@@ -163,6 +228,8 @@ class RowFile:
         weight = self.initial(ids)
         states = {k: np.zeros((ids.size, *s), dtype=np.float32) for k, s in self.state_shapes.items()}
         where = np.nonzero(self.touched[ids])[0]
+        if where.size:
+            self.check()
         for start in range(0, where.size, _CHUNK):  # chunks: mapped pages are trimmed between
             part = where[start : start + _CHUNK]
             stored = ids[part]
@@ -174,6 +241,7 @@ class RowFile:
 
     def write(self, ids: np.ndarray, weight: np.ndarray, states: Mapping[str, np.ndarray]) -> None:
         """Store rows ``ids`` (distinct)."""
+        self.check()
         for start in range(0, ids.size, _CHUNK):
             part = slice(start, start + _CHUNK)
             self.weight[ids[part]] = weight[part]
@@ -200,6 +268,7 @@ class RowFile:
 
     def materialize(self, chunk: int = 1 << 16) -> None:
         """Write the initial values of every untouched row, so the files hold the whole table."""
+        self.check()
         for start in range(0, self.rows, chunk):
             ids = np.arange(start, min(start + chunk, self.rows))
             fresh = ids[~self.touched[ids]]
@@ -210,7 +279,7 @@ class RowFile:
                 self.touched[fresh] = True
 
     def disk_bytes(self) -> int:
-        """Bytes the sparse files take on disk."""
+        """Bytes the files take on disk."""
         return sum(p.stat().st_blocks * 512 for p in self.paths if p.exists())
 
     def close(self) -> None:
@@ -223,6 +292,9 @@ class RowFile:
             except BufferError:  # a view is still alive; the mapping goes with it
                 pass
         self._maps = []
+        for handle, _ in self._files:
+            handle.close()
+        self._files = []
         for p in self.paths:
             p.unlink(missing_ok=True)
 

@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ctrctl.training.worker")
     parser.add_argument("--spec", required=True, help="a TrainSpec as JSON")
     args = parser.parse_args(argv)
+    from ctrctl.distributed.launch import die_with_launcher
+
+    die_with_launcher()  # first: the imports below take seconds
 
     from ctrctl.config import load_config
     from ctrctl.distributed.launch import (

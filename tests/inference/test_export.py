@@ -138,6 +138,7 @@ def test_runs_in_a_process_without_ctrctl(artifact: Path, quantized: QuantizedMo
         import sys
         sys.modules["ctrctl"] = None                 # any import of ctrctl fails
         sys.path = [p for p in sys.path if p not in ("", ".")]
+        sys.dont_write_bytecode = True  # no __pycache__ in the folder: its files are listed
         sys.path.insert(0, {str(artifact)!r})
         import serving, torch
         from safetensors.torch import load_file, save_file

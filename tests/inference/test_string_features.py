@@ -137,6 +137,7 @@ def test_standalone_scores_raw_string_rows_as_ctrctl_predicts(exported: Exported
         import json, sys
         sys.modules["ctrctl"] = None                 # any import of ctrctl fails
         sys.path = [p for p in sys.path if p not in ("", ".")]
+        sys.dont_write_bytecode = True  # no __pycache__ in the folder: its files are listed
         sys.path.insert(0, {str(exported.export)!r})
         import serving
         model = serving.load({str(exported.export)!r})

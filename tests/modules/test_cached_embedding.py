@@ -143,7 +143,7 @@ def test_flush_leaves_the_resident_weights_in_the_file(tmp_path: Path) -> None:
         assert torch.equal(want[torch.from_numpy(untouched)],
                            torch.from_numpy(store.initial(untouched)))
         assert (state["momentum1"][torch.from_numpy(untouched)] == 0).all()
-        assert (store.weight[untouched] == 0).all()  # a hole in the sparse file
+        assert (store.weight[untouched] == 0).all()  # reserved blocks, never written
     cached.close()
 
 
