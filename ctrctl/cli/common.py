@@ -20,6 +20,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.progress import Progress as RichProgressBar
+from rich.text import Text
 
 from ctrctl.progress import LogProgress, Progress
 from ctrctl.tracking import Tracker, make_tracker
@@ -53,6 +54,18 @@ class DevicePreset(str, enum.Enum):
 #: Human output goes to stderr; stdout is kept for machine-readable output (--json).
 console = Console(stderr=True)
 stdout = Console()
+
+
+
+def print_error(message: str) -> None:
+    """``error: <message>`` on stderr, the message as plain text.
+
+    Error text is not ours (a path, a user's value, a worker's exception with gloo's
+    ``[/__w/pytorch/...]`` in it): rich must not read it as markup.
+    """
+    console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False,
+                  soft_wrap=True)
+
 
 TrackingUri = Annotated[
     str | None,

@@ -117,7 +117,7 @@ def quantize_command(
                       f"{r['bytes'] / r['fp32_bytes']:.3f}", str(r["shard"]))
     console.print(table)
     _render_placement(q.plan)
-    console.print(f"artifact: {out}")
+    console.print(f"artifact: {out}", markup=False)
 
 
 def register(app: typer.Typer) -> None:
