@@ -35,13 +35,14 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ctrctl.errors import (
+    ConfigError,
     CtrctlError,
     FormatError,
     OutputExistsError,
@@ -59,6 +60,7 @@ __all__ = [
     "output_lock",
     "read_text",
     "publish_staged",
+    "refuse_output_over_inputs",
     "read_json_file",
     "remove_stale_temps",
     "stage_folder",
@@ -333,6 +335,38 @@ def check_output_location(out: str | Path, folder: bool = True) -> Path:
         raise OutputLocationError(f"cannot write in {parent} ({exc.strerror})",
                                   where=str(out), hint="choose another --out") from None
     return out
+
+
+def refuse_output_over_inputs(out: str | Path, inputs: Iterable[str | Path | None]) -> None:
+    """Refuse an output that is, holds or lies inside one of a command's inputs.
+
+    Replacing such an output (``--overwrite``) would delete the input (``quantize
+    --checkpoint run --out run`` deleted the training run), and writing inside one changes it
+    (scores written over a dataset's split file or an artifact's manifest).
+
+    Args:
+        out: the output folder or file.
+        inputs: the folders and files the command reads (None entries are skipped).
+
+    Raises:
+        ConfigError: naming both paths, before anything is written.
+    """
+    target = Path(out).resolve()
+    for path in inputs:
+        if path is None:
+            continue
+        source = Path(path).resolve()
+        if source == target:
+            what = "is an input"
+        elif target in source.parents:
+            what = "contains an input"
+        elif source in target.parents:
+            what = "is inside an input"
+        else:
+            continue
+        kind = "folder" if target.is_dir() or not target.suffix else "file"
+        raise ConfigError(f"the output {kind} {what}", where=f"--out {out} and {path}",
+                          hint="choose an --out outside the command's inputs")
 
 
 @dataclass(frozen=True)

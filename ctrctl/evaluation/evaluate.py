@@ -34,7 +34,13 @@ from ctrctl.evaluation.sources import (
     predictions_scores,
     rank_range,
 )
-from ctrctl.io import check_destination, publish_staged, stage_folder, write_json_atomic
+from ctrctl.io import (
+    check_destination,
+    publish_staged,
+    refuse_output_over_inputs,
+    stage_folder,
+    write_json_atomic,
+)
 from ctrctl.metrics.calibration import DEFAULT_BINS
 from ctrctl.metrics.streaming import (
     DEFAULT_EXACT_LIMIT,
@@ -322,6 +328,7 @@ def evaluate(
     if checkpoint is not None and dataset is None:
         dataset = recorded_dataset(checkpoint)
     _check_sources(checkpoint, dataset, predictions)
+    refuse_output_over_inputs(out, [checkpoint, dataset, predictions])
     rank, world_size = _rank_and_world(group)
     check_destination(out, overwrite)
     progress = progress or NullProgress()

@@ -35,7 +35,7 @@ from ctrctl.errors import ConfigError, OutputExistsError
 from ctrctl.inference import standalone
 from ctrctl.inference.quantize import QuantizedModel
 from ctrctl.inference.serving import ServingModel
-from ctrctl.io import write_json_atomic
+from ctrctl.io import refuse_output_over_inputs, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -350,6 +350,7 @@ def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *
     from ctrctl.tracking import Tracker
 
     out = Path(out)
+    refuse_output_over_inputs(out, [checkpoint, dataset])
     if out.exists() and not overwrite:
         raise OutputExistsError("the export folder already exists", where=str(out),
                                 hint="pass --overwrite to replace it")

@@ -34,6 +34,7 @@ from ctrctl.data.batch import Batch
 from ctrctl.data.dataset import BatchLoader
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.errors import CheckpointError, DatasetError, OutputExistsError
+from ctrctl.io import refuse_output_over_inputs
 from ctrctl.training import model as model_io
 
 __all__ = ["PredictResult", "batch_inputs", "check_transforms", "load_model",
@@ -234,6 +235,7 @@ def predict_dataset(model_dir: str | Path, dataset: str | Path, split: str,
     from ctrctl.inference.export import load_artifact
 
     out = Path(out)
+    refuse_output_over_inputs(out, [model_dir, dataset])
     if out.exists() and not overwrite:
         raise OutputExistsError("the scores file already exists", where=str(out),
                                 hint="pass --overwrite to replace it")
@@ -263,6 +265,7 @@ def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
     from ctrctl.data.preprocess import preprocess
 
     out = Path(out)
+    refuse_output_over_inputs(out, [model_dir, raw])
     if out.exists() and not overwrite:
         raise OutputExistsError("the scores file already exists", where=str(out),
                                 hint="pass --overwrite to replace it")
