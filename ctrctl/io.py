@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -67,7 +68,9 @@ __all__ = [
     "staged_folder",
     "temp_path",
     "write_json_atomic",
+    "write_failure",
     "write_text_atomic",
+    "writing",
 ]
 
 logger = logging.getLogger(__name__)
@@ -367,6 +370,61 @@ def refuse_output_over_inputs(out: str | Path, inputs: Iterable[str | Path | Non
         kind = "folder" if target.is_dir() or not target.suffix else "file"
         raise ConfigError(f"the output {kind} {what}", where=f"--out {out} and {path}",
                           hint="choose an --out outside the command's inputs")
+
+
+#: What an OS error says when the disk took no more of an output: errno, and the text that
+#: libraries which wrap the error (safetensors, pyarrow, polars) keep of it.
+_WRITE_FAILURES = {
+    errno.ENOSPC: "No space left on device",
+    errno.EDQUOT: "Disk quota exceeded",
+    errno.EROFS: "Read-only file system",
+    errno.EFBIG: "File too large",
+}
+
+
+def write_failure(exc: BaseException) -> str | None:
+    """Why the disk refused a write, if ``exc`` (or an error it was raised from) says so.
+
+    Returns:
+        "no space left on device" and the like, or None for any other error.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        number = current.errno if isinstance(current, OSError) else None
+        text = str(current)
+        for code, words in _WRITE_FAILURES.items():
+            if number == code or words in text:
+                return words[0].lower() + words[1:]
+        current = current.__cause__ or current.__context__
+    return None
+
+
+@contextmanager
+def writing(out: str | Path, kept: str = "nothing partial was left") -> Iterator[None]:
+    """Turn a full, over-quota or read-only disk under ``out`` into one error naming ``out``.
+
+    Wrap the code that writes ``out`` (and cleans up its temp files when it fails): what
+    reaches the user is the output and the reason, not the input that was being read when
+    the disk filled, nor a library's traceback.
+
+    Args:
+        out: the output the command writes.
+        kept: what is left on disk, for the message ("the previous checkpoint is kept").
+
+    Raises:
+        OutputLocationError: the disk refused a write.
+    """
+    try:
+        yield
+    except Exception as exc:
+        reason = write_failure(exc)
+        if reason is None:
+            raise
+        raise OutputLocationError(f"cannot write the output: {reason} ({kept})",
+                                  where=str(out),
+                                  hint="free space there or choose another --out") from exc
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ from ctrctl.data.vocab import (
     save_vocabs,
 )
 from ctrctl.errors import ConfigError, InputDataError
-from ctrctl.io import check_destination, refuse_output_over_inputs, staged_folder
+from ctrctl.io import check_destination, refuse_output_over_inputs, staged_folder, writing
 from ctrctl.progress import Progress
 from ctrctl.tracking import Tracker
 
@@ -252,7 +252,7 @@ def preprocess(
             "val_fraction": val_fraction if carved else 0.0,
         })
         run.log_dict(schema.to_dict(), "schema.json")
-        with staged_folder(out, overwrite=overwrite) as staging:
+        with writing(out), staged_folder(out, overwrite=overwrite) as staging:
             manifest, timings = _run(schema, sources, staging, ratio, seed, split_by_day,
                                      followed, reuse_transforms, on_bad_rows, row_group_size,
                                      progress, val_fraction if carved else 0.0,

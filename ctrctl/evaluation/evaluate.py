@@ -40,6 +40,7 @@ from ctrctl.io import (
     refuse_output_over_inputs,
     stage_folder,
     write_json_atomic,
+    writing,
 )
 from ctrctl.metrics.calibration import DEFAULT_BINS
 from ctrctl.metrics.streaming import (
@@ -336,20 +337,21 @@ def evaluate(
 
     staging = _broadcast(stage_folder(out, overwrite=overwrite) if rank == 0 else None, group)
     try:
-        result = _measure(
-            checkpoint, dataset, predictions, split, tuple(segment_by), save_predictions,
-            tuple(keep),
-            baselines, smoothing, batch_size, num_bins, exact_limit, ece_bins, progress,
-            group, rank, world_size, staging,
-        )
-        if checkpoint is not None:
-            result.metrics.update(checkpoint_status(checkpoint))
-        result.gates = check_gates(parsed, result.metrics)
-        if rank == 0:
-            _write(staging, result)
-            publish_staged(staging, out)
-            result.out = out
-            result.run_id = _track(tracker, out, result, checkpoint, split, parsed)
+        with writing(out):
+            result = _measure(
+                checkpoint, dataset, predictions, split, tuple(segment_by), save_predictions,
+                tuple(keep),
+                baselines, smoothing, batch_size, num_bins, exact_limit, ece_bins, progress,
+                group, rank, world_size, staging,
+            )
+            if checkpoint is not None:
+                result.metrics.update(checkpoint_status(checkpoint))
+            result.gates = check_gates(parsed, result.metrics)
+            if rank == 0:
+                _write(staging, result)
+                publish_staged(staging, out)
+                result.out = out
+                result.run_id = _track(tracker, out, result, checkpoint, split, parsed)
     except BaseException:
         if rank == 0:
             shutil.rmtree(staging, ignore_errors=True)

@@ -35,7 +35,7 @@ from ctrctl.errors import ConfigError, OutputExistsError
 from ctrctl.inference import standalone
 from ctrctl.inference.quantize import QuantizedModel
 from ctrctl.inference.serving import ServingModel
-from ctrctl.io import refuse_output_over_inputs, write_json_atomic
+from ctrctl.io import refuse_output_over_inputs, write_json_atomic, writing
 
 logger = logging.getLogger(__name__)
 
@@ -363,7 +363,8 @@ def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *
         if quantized.training_run_id:
             run.set_tags({"ctrctl.training_run_id": quantized.training_run_id})
         run.log_params({"checkpoint": str(quantized.checkpoint), **config.to_dict()})
-        write_artifact(quantized, out, overwrite=overwrite, dataset=dataset)
+        with writing(out):
+            write_artifact(quantized, out, overwrite=overwrite, dataset=dataset)
         metrics: dict[str, float] = {
             "bytes.fp32": float(quantized.fp32_bytes),
             "bytes.quantized": float(quantized.quantized_bytes),
