@@ -8,7 +8,6 @@ kB (skipped where mount is not allowed).
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,39 +15,16 @@ import pytest
 from ctrctl import checkpoint as ckpt
 from ctrctl.cli.app import main
 from ctrctl.config import load_config
-from ctrctl.data.synthetic import synthesize
 from ctrctl.errors import OutputLocationError
 from ctrctl.testing.threads import torch_threads
 from ctrctl.training.loop import train
+from tests import vocab_run
 from tests.disks import leftovers, small_tmpfs
 from tests.inference.conftest import OVERRIDES
+from tests.vocab_run import Pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    logs: Path
-    dataset: Path
-    run: Path
-    export: Path
-
-
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Pipeline:
-    root = tmp_path_factory.mktemp("full-disk")
-    logs = root / "logs"
-    synthesize(logs, rows=3000, format="criteo", seed=1, splits={"train": 0.8, "test": 0.2})
-    p = Pipeline(logs, root / "ds", root / "run", root / "export")
-    with torch_threads(1):
-        assert main(["preprocess", "--schema", str(ROOT / "schemas" / "criteo_vocab.yaml"),
-                     "--input", f"train={logs / 'train.tsv'}", "--input",
-                     f"test={logs / 'test.tsv'}", "--out", str(p.dataset), "--no-track"]) == 0
-        train(p.dataset, p.run, load_config(None, [*OVERRIDES, "training.epochs=1"]),
-              stop_after=10)
-        assert main(["quantize", "--checkpoint", str(p.run), "--out", str(p.export),
-                     "--no-track"]) == 0
-    return p
+pipeline = vocab_run.pipeline  # the shared small pipeline (a session fixture)
 
 
 def _one_line_naming(out: Path, err: str) -> str:

@@ -31,7 +31,7 @@ from torch import nn
 
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.data.transforms import STRING_HASH_SEED
-from ctrctl.errors import ConfigError, OutputExistsError
+from ctrctl.errors import ConfigError, DatasetError, OutputExistsError
 from ctrctl.inference import standalone
 from ctrctl.inference.quantize import QuantizedModel
 from ctrctl.inference.serving import ServingModel
@@ -327,6 +327,28 @@ def load_artifact(folder: str | Path, device: str = "cpu", compile: bool = False
     return standalone.load(str(folder), device=device, compile=compile)
 
 
+def _check_vocabularies(manifest: dict[str, Any], dataset: Path | str | None,
+                        recorded: str | None) -> None:
+    """Refuse, before any work, to export vocabulary features without their vocabularies.
+
+    An artifact without them scores nothing: every later ``predict`` or ``serving.load`` of
+    it fails. They live in the training dataset (``vocab/<feature>.parquet``).
+    """
+    wanted = [f["name"] for f in manifest.get("sparse", []) if f.get("mode") == "vocab"]
+    if not wanted:
+        return
+    if dataset is None:
+        raise DatasetError(
+            f"the training dataset {recorded or '(not recorded)'} is gone, and features "
+            f"{', '.join(wanted)} need its vocabularies", where="--dataset",
+            hint="pass --dataset with the dataset the checkpoint was trained on (or a copy)")
+    missing = [n for n in wanted if not (Path(dataset) / "vocab" / f"{n}.parquet").is_file()]
+    if missing:
+        raise DatasetError(f"the vocabularies of {', '.join(missing)} are missing",
+                           where=str(Path(dataset) / "vocab"),
+                           hint="pass --dataset with the dataset the checkpoint was trained on")
+
+
 def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *,
                          dataset: str | Path | None = None, overwrite: bool = False,
                          tracker: Any = None, log_model: bool = True) -> QuantizedModel:
@@ -355,9 +377,11 @@ def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *
         raise OutputExistsError("the export folder already exists", where=str(out),
                                 hint="pass --overwrite to replace it")
     tracker = tracker or Tracker()
+    meta = ckpt.read_metadata(checkpoint)
     if dataset is None:
-        recorded = ckpt.read_metadata(checkpoint).extra.get("dataset")
+        recorded = meta.extra.get("dataset")
         dataset = Path(recorded) if recorded and Path(recorded).is_dir() else None
+    _check_vocabularies(meta.extra.get("manifest") or {}, dataset, meta.extra.get("dataset"))
     with tracker.run("quantize") as run:
         quantized = quantize_checkpoint(checkpoint, config)
         if quantized.training_run_id:
