@@ -126,7 +126,7 @@ def locate_bad_row(
     label = next(c for c in schema.columns if c.role == "label")
     checks.append((label.name, label_value(label, schema.label_rule)[1],
                    "label is not 0 or 1" if schema.label_rule is None
-                   else "label matches neither label.map nor a number for label.threshold"))
+                   else "label matches neither label.map nor a finite number for label.threshold"))
     for column in schema.dense:
         checks.append((column.name, dense_value(column)[1],
                        f"dense value is not a{'n integer' if column.value_type == 'int' else ' number'}"))

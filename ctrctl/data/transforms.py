@@ -42,7 +42,7 @@ def label_value(column: Column, rule: LabelRule | None = None) -> tuple[pl.Expr,
 
     Without a rule the label must be exactly "0" or "1"; with ``rule.map`` the raw text is
     looked up (anything else is malformed); with ``rule.threshold`` the raw number is compared
-    (1 when >= threshold; not a number is malformed).
+    (1 when >= threshold; not a finite number, nan or inf, is malformed).
     """
     raw = pl.col(column.name)
     if rule is not None and rule.map is not None:
@@ -51,7 +51,9 @@ def label_value(column: Column, rule: LabelRule | None = None) -> tuple[pl.Expr,
         return mapped.fill_null(0), mapped.is_null()
     if rule is not None and rule.threshold is not None:
         number = raw.str.strip_chars().cast(pl.Float64, strict=False)
-        return (number >= rule.threshold).fill_null(False).cast(pl.Int8), number.is_null()
+        # nan and inf read as numbers, and nan compares above every threshold (a click)
+        bad = number.is_null() | ~number.is_finite()
+        return (number >= rule.threshold).fill_null(False).cast(pl.Int8), bad
     value = (raw == "1").cast(pl.Int8)
     bad = ~raw.is_in(["0", "1"]).fill_null(False)
     return value, bad
