@@ -307,7 +307,7 @@ def inside(name: str, error: type[CtrctlError], where: str) -> str:
     return name
 
 
-def check_output_location(out: str | Path, folder: bool = True) -> Path:
+def check_output_location(out: str | Path, folder: bool = True, option: str = "--out") -> Path:
     """Refuse, before any work, an output that cannot be written.
 
     ``out`` may exist (the command decides about overwriting) or not; its nearest existing
@@ -316,6 +316,7 @@ def check_output_location(out: str | Path, folder: bool = True) -> Path:
     Args:
         out: the output path.
         folder: the output is a folder (False: a file).
+        option: the option or setting that named it, for the hint.
 
     Raises:
         OutputLocationError: ``out`` is of the other kind, or sits under a file or an
@@ -325,7 +326,7 @@ def check_output_location(out: str | Path, folder: bool = True) -> Path:
     if out.exists() and out.is_dir() != folder:
         kind = "a folder" if folder else "a file"
         raise OutputLocationError(f"the output exists and is not {kind}", where=str(out),
-                                  hint=f"pass the path of {kind} to --out")
+                                  hint=f"pass the path of {kind} to {option}")
     parent = out.absolute().parent
     while not parent.exists():
         parent = parent.parent
@@ -336,7 +337,7 @@ def check_output_location(out: str | Path, folder: bool = True) -> Path:
             pass
     except OSError as exc:
         raise OutputLocationError(f"cannot write in {parent} ({exc.strerror})",
-                                  where=str(out), hint="choose another --out") from None
+                                  where=str(out), hint=f"choose another {option}") from None
     return out
 
 
