@@ -97,7 +97,8 @@ def quantize_command(
 
     config = QuantizeConfig(
         dtype=dtype.lower(), per_table=parse_per_table(per_table or []), num_shards=shards,
-        device_memory_bytes=int(device_memory_gb * 2**30) if device_memory_gb else None,
+        device_memory_bytes=(int(device_memory_gb * 2**30) if device_memory_gb is not None
+                             else None),
         dense_dtype=dense_dtype.lower())
     note = bf16_dense_note(config.dense_dtype)
     if note:
