@@ -470,10 +470,16 @@ def output_lock(out: str | Path, command: str, name: str = "") -> Iterator[Path]
 
     Raises:
         OutputLockedError: another live process holds the lock.
+        OutputLocationError: the lock file cannot be created there (a read-only disk).
     """
     path = lock_path(out, name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise OutputLocationError(f"cannot create the output's lock file {path} "
+                                  f"({exc.strerror})", where=str(out),
+                                  hint="write the output on a writable disk") from None
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

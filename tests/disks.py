@@ -31,10 +31,16 @@ def small_tmpfs(where: Path, size: str = "16k", read_only: bool = False) -> Iter
                     f"{done.stderr.strip()}")
     try:
         if read_only:
-            assert _mount("-o", "remount,ro", str(where)).returncode == 0
+            remount_read_only(where)
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
+
+
+def remount_read_only(where: Path) -> None:
+    """Make the tmpfs mounted at ``where`` read-only (what is on it stays)."""
+    done = _mount("-o", "remount,ro", str(where))
+    assert done.returncode == 0, done.stderr
 
 
 def leftovers(folder: Path) -> list[str]:
