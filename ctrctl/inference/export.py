@@ -22,6 +22,8 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ from torch import nn
 
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.data.transforms import STRING_HASH_SEED
-from ctrctl.errors import ConfigError, DatasetError, OutputExistsError
+from ctrctl.errors import CheckpointError, ConfigError, DatasetError, OutputExistsError
 from ctrctl.inference import standalone
 from ctrctl.inference.quantize import QuantizedModel
 from ctrctl.inference.serving import ServingModel
@@ -327,6 +329,21 @@ def load_artifact(folder: str | Path, device: str = "cpu", compile: bool = False
     return standalone.load(str(folder), device=device, compile=compile)
 
 
+@contextmanager
+def _still_there(step: Path) -> Iterator[None]:
+    """A run still training deletes its older steps (``keep_checkpoints``): a step folder
+    gone while it was read is said as such, not as "no checkpoint found"."""
+    try:
+        yield
+    except Exception as exc:
+        if step.is_dir():
+            raise
+        raise CheckpointError(
+            "the checkpoint was deleted while it was read: a run still training in this "
+            "folder keeps only its last checkpoints", where=str(step),
+            hint="quantize once the run has ended, or a copy of a step folder") from exc
+
+
 def _check_vocabularies(manifest: dict[str, Any], dataset: Path | str | None,
                         recorded: str | None) -> None:
     """Refuse, before any work, to export vocabulary features without their vocabularies.
@@ -377,17 +394,20 @@ def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *
         raise OutputExistsError("the export folder already exists", where=str(out),
                                 hint="pass --overwrite to replace it")
     tracker = tracker or Tracker()
-    meta = ckpt.read_metadata(checkpoint)
+    # One step folder, read from here on: a run still training moves `latest` meanwhile.
+    step = ckpt.resolve_checkpoint(checkpoint)
+    meta = ckpt.read_metadata(step)
     if dataset is None:
         recorded = meta.extra.get("dataset")
         dataset = Path(recorded) if recorded and Path(recorded).is_dir() else None
     _check_vocabularies(meta.extra.get("manifest") or {}, dataset, meta.extra.get("dataset"))
     with tracker.run("quantize") as run:
-        quantized = quantize_checkpoint(checkpoint, config)
+        with _still_there(step):
+            quantized = quantize_checkpoint(step, config)
         if quantized.training_run_id:
             run.set_tags({"ctrctl.training_run_id": quantized.training_run_id})
         run.log_params({"checkpoint": str(quantized.checkpoint), **config.to_dict()})
-        with writing(out):
+        with _still_there(step), writing(out):
             write_artifact(quantized, out, overwrite=overwrite, dataset=dataset)
         metrics: dict[str, float] = {
             "bytes.fp32": float(quantized.fp32_bytes),
