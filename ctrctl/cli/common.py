@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -146,7 +147,8 @@ class RichProgress(Progress):
         )
         if not self.embedded:
             self._bar.start()
-        self._task = self._bar.add_task(description, total=total, rate="", extra="")
+        # the description is formatted into "[bold]{...}" markup: a split's name stays text
+        self._task = self._bar.add_task(escape(description), total=total, rate="", extra="")
 
     def advance(self, amount: float = 1, **fields: Any) -> None:
         if self._bar is None:

@@ -64,3 +64,17 @@ def test_a_config_hint_keeps_its_brackets(tmp_path: Path,
     assert code == 1
     line = _error_line(capsys.readouterr().err)
     assert "is not a file" in line and "(e.g. data.inputs=[train=PATH])" in line
+
+
+def test_a_progress_description_is_text() -> None:
+    from rich.console import Console
+
+    from ctrctl.cli.common import RichProgress
+
+    bar = RichProgress(embedded=True)
+    bar.start("eval [/x]", total=10)  # a split named by a user
+    bar.advance(1)
+    screen = Console(record=True, width=100)
+    screen.print(bar.renderable)
+    bar.finish()
+    assert screen.export_text().startswith("eval [/x] ")
