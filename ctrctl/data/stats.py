@@ -19,7 +19,14 @@ import polars as pl
 from ctrctl.data.manifest import DatasetManifest, DenseFeature, SparseFeature
 from ctrctl.data.readers import ScannedInput, raw_row
 from ctrctl.data.schema import Schema
-from ctrctl.data.transforms import EXTRA, dense_value, derived_key, label_value, sparse_key
+from ctrctl.data.transforms import (
+    EXTRA,
+    SHORT,
+    dense_value,
+    derived_key,
+    label_value,
+    sparse_key,
+)
 from ctrctl.data.vocab import num_embeddings
 from ctrctl.errors import InputDataError
 
@@ -118,6 +125,9 @@ def locate_bad_row(
     names = [c.name for c in schema.columns]
     hint = ("fix the input, or pass --on-bad-rows skip to drop such rows "
             f"({total_bad:,} in this file)")
+    if raw.get(SHORT):
+        return InputDataError(f"row has fewer fields than the schema's {len(names)} columns "
+                              "(cut short?)", where=f"{path}:{line}", hint=hint)
     if raw.get(EXTRA) is not None:
         return InputDataError(f"row has more fields than the schema's {len(names)} columns",
                               where=f"{path}:{line}:{len(names) + 1}", hint=hint)

@@ -24,9 +24,13 @@ import polars as pl
 from ctrctl.data.schema import DERIVED_SIZES, Column, LabelRule, Schema
 
 #: Bad-row reasons in priority order; a row's code is 1 + the index of its first reason.
-BAD_REASONS: tuple[str, ...] = ("too_many_fields", "bad_label", "bad_dense", "bad_sparse")
+BAD_REASONS: tuple[str, ...] = ("too_many_fields", "bad_label", "bad_dense", "bad_sparse",
+                                "too_few_fields")
 #: The extra column that is non-null only on rows with more fields than the schema.
 EXTRA = "__extra"
+#: True on a TSV row with fewer fields than the schema: its absent fields would read as
+#: empty ones, so a row cut short would pass as missing values.
+SHORT = "__short"
 #: The 0-based row number within an input (a line number once the header is added).
 ROW = "__row"
 #: The bad-reason code of a row (0 = good).
@@ -181,6 +185,7 @@ def parsed_columns(schema: Schema) -> tuple[list[pl.Expr], pl.Expr]:
         "bad_label": [bad],
         "bad_dense": [],
         "bad_sparse": [],
+        "too_few_fields": [pl.col(SHORT)],
     }
     for column in schema.dense:
         value, bad = dense_value(column)
