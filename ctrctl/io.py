@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -35,13 +36,14 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ctrctl.errors import (
+    ConfigError,
     CtrctlError,
     FormatError,
     OutputExistsError,
@@ -60,13 +62,16 @@ __all__ = [
     "path_name_problem",
     "read_text",
     "publish_staged",
+    "refuse_output_over_inputs",
     "read_json_file",
     "remove_stale_temps",
     "stage_folder",
     "staged_folder",
     "temp_path",
     "write_json_atomic",
+    "write_failure",
     "write_text_atomic",
+    "writing",
 ]
 
 logger = logging.getLogger(__name__)
@@ -336,7 +341,7 @@ def path_name_problem(name: object) -> str | None:
     return None
 
 
-def check_output_location(out: str | Path, folder: bool = True) -> Path:
+def check_output_location(out: str | Path, folder: bool = True, option: str = "--out") -> Path:
     """Refuse, before any work, an output that cannot be written.
 
     ``out`` may exist (the command decides about overwriting) or not; its nearest existing
@@ -345,6 +350,7 @@ def check_output_location(out: str | Path, folder: bool = True) -> Path:
     Args:
         out: the output path.
         folder: the output is a folder (False: a file).
+        option: the option or setting that named it, for the hint.
 
     Raises:
         OutputLocationError: ``out`` is of the other kind, or sits under a file or an
@@ -354,7 +360,7 @@ def check_output_location(out: str | Path, folder: bool = True) -> Path:
     if out.exists() and out.is_dir() != folder:
         kind = "a folder" if folder else "a file"
         raise OutputLocationError(f"the output exists and is not {kind}", where=str(out),
-                                  hint=f"pass the path of {kind} to --out")
+                                  hint=f"pass the path of {kind} to {option}")
     parent = out.absolute().parent
     while not parent.exists():
         parent = parent.parent
@@ -365,8 +371,95 @@ def check_output_location(out: str | Path, folder: bool = True) -> Path:
             pass
     except OSError as exc:
         raise OutputLocationError(f"cannot write in {parent} ({exc.strerror})",
-                                  where=str(out), hint="choose another --out") from None
+                                  where=str(out), hint=f"choose another {option}") from None
     return out
+
+
+def refuse_output_over_inputs(out: str | Path, inputs: Iterable[str | Path | None]) -> None:
+    """Refuse an output that is, holds or lies inside one of a command's inputs.
+
+    Replacing such an output (``--overwrite``) would delete the input (``quantize
+    --checkpoint run --out run`` deleted the training run), and writing inside one changes it
+    (scores written over a dataset's split file or an artifact's manifest).
+
+    Args:
+        out: the output folder or file.
+        inputs: the folders and files the command reads (None entries are skipped).
+
+    Raises:
+        ConfigError: naming both paths, before anything is written.
+    """
+    target = Path(out).resolve()
+    for path in inputs:
+        if path is None:
+            continue
+        source = Path(path).resolve()
+        if source == target:
+            what = "is an input"
+        elif target in source.parents:
+            what = "contains an input"
+        elif source in target.parents:
+            what = "is inside an input"
+        else:
+            continue
+        kind = "folder" if target.is_dir() or not target.suffix else "file"
+        raise ConfigError(f"the output {kind} {what}", where=f"--out {out} and {path}",
+                          hint="choose an --out outside the command's inputs")
+
+
+#: What an OS error says when the disk took no more of an output: errno, and the text that
+#: libraries which wrap the error (safetensors, pyarrow, polars) keep of it.
+_WRITE_FAILURES = {
+    errno.ENOSPC: "No space left on device",
+    errno.EDQUOT: "Disk quota exceeded",
+    errno.EROFS: "Read-only file system",
+    errno.EFBIG: "File too large",
+}
+
+
+def write_failure(exc: BaseException) -> str | None:
+    """Why the disk refused a write, if ``exc`` (or an error it was raised from) says so.
+
+    Returns:
+        "no space left on device" and the like, or None for any other error.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        number = current.errno if isinstance(current, OSError) else None
+        text = str(current)
+        for code, words in _WRITE_FAILURES.items():
+            if number == code or words in text:
+                return words[0].lower() + words[1:]
+        current = current.__cause__ or current.__context__
+    return None
+
+
+@contextmanager
+def writing(out: str | Path, kept: str = "nothing partial was left") -> Iterator[None]:
+    """Turn a full, over-quota or read-only disk under ``out`` into one error naming ``out``.
+
+    Wrap the code that writes ``out`` (and cleans up its temp files when it fails): what
+    reaches the user is the output and the reason, not the input that was being read when
+    the disk filled, nor a library's traceback.
+
+    Args:
+        out: the output the command writes.
+        kept: what is left on disk, for the message ("the previous checkpoint is kept").
+
+    Raises:
+        OutputLocationError: the disk refused a write.
+    """
+    try:
+        yield
+    except Exception as exc:
+        reason = write_failure(exc)
+        if reason is None:
+            raise
+        raise OutputLocationError(f"cannot write the output: {reason} ({kept})",
+                                  where=str(out),
+                                  hint="free space there or choose another --out") from exc
 
 
 @dataclass(frozen=True)
@@ -411,10 +504,16 @@ def output_lock(out: str | Path, command: str, name: str = "") -> Iterator[Path]
 
     Raises:
         OutputLockedError: another live process holds the lock.
+        OutputLocationError: the lock file cannot be created there (a read-only disk).
     """
     path = lock_path(out, name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise OutputLocationError(f"cannot create the output's lock file {path} "
+                                  f"({exc.strerror})", where=str(out),
+                                  hint="write the output on a writable disk") from None
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from ctrctl.errors import TrackingError
 logger = logging.getLogger(__name__)
 
 DEFAULT_EXPERIMENT = "ctrctl"
+_TRACKING_HINT = "start the server, fix --tracking-uri / MLFLOW_TRACKING_URI, or pass --no-track"
 #: URI schemes a tracker accepts: local stores and MLflow servers.
 LOCAL_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql")
 SERVER_SCHEMES = ("http", "https")
@@ -148,10 +150,67 @@ class Tracker:
 NoopTracker = Tracker
 
 
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the tracking server could not be reached (not that it refused
+    what was sent): MLflow wraps connection errors and timeouts as "API request to ...
+    failed"."""
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(exc, OSError):
+        return True
+    return isinstance(exc, MlflowException) and str(exc).startswith("API request to ")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
 class MlflowRun(Run):
-    def __init__(self, client: Any, run_id: str):
+    """Logs into one MLflow run.
+
+    A server that stops answering mid-run does not stop the work: one warning names it, and
+    what the run logs from then on is kept in order and sent when the run ends
+    (:meth:`flush`), or reported as not sent.
+    """
+
+    def __init__(self, client: Any, run_id: str, where: str = "the tracking store"):
         self._client = client
         self.run_id = run_id
+        self.where = where
+        #: Calls kept since the server was lost (None while it answers).
+        self.pending: list[Callable[[], Any]] | None = None
+
+    def _send(self, call: Callable[[], Any]) -> None:
+        if self.pending is not None:
+            self.pending.append(call)
+            return
+        try:
+            call()
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            self.pending = [call]
+            logger.warning("tracking server %s stopped answering (%s): the work goes on; what "
+                           "run %s logs is kept and sent when it ends", self.where,
+                           _first_line(exc), self.run_id)
+
+    def flush(self) -> bool:
+        """Send what was kept while the server was lost; False (with a warning) if it still
+        does not answer."""
+        pending, self.pending = self.pending or [], None
+        for done, call in enumerate(pending):
+            try:
+                call()
+            except Exception as exc:
+                if not unreachable(exc):
+                    raise
+                logger.warning("tracking server %s still does not answer (%s): %d logging "
+                               "calls of run %s were not sent", self.where, _first_line(exc),
+                               len(pending) - done, self.run_id)
+                self.pending = pending[done:]
+                return False
+        return True
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -159,7 +218,8 @@ class MlflowRun(Run):
         flat = _flatten(params)
         batch = [Param(k, str(v)[:6000]) for k, v in flat.items()]
         for start in range(0, len(batch), 100):
-            self._client.log_batch(self.run_id, params=batch[start : start + 100])
+            part = batch[start : start + 100]
+            self._send(functools.partial(self._client.log_batch, self.run_id, params=part))
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         import time
@@ -173,24 +233,30 @@ class MlflowRun(Run):
             if isinstance(v, (int, float)) and not isinstance(v, bool)
         ]
         for start in range(0, len(batch), 500):
-            self._client.log_batch(self.run_id, metrics=batch[start : start + 500])
+            part = batch[start : start + 500]
+            self._send(functools.partial(self._client.log_batch, self.run_id, metrics=part))
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         path = Path(path)
         if path.is_dir():
-            self._client.log_artifacts(self.run_id, str(path), artifact_path)
+            self._send(lambda: self._client.log_artifacts(self.run_id, str(path), artifact_path))
         else:
-            self._client.log_artifact(self.run_id, str(path), artifact_path)
+            self._send(lambda: self._client.log_artifact(self.run_id, str(path), artifact_path))
 
     def log_dict(self, obj: Any, name: str) -> None:
-        with tempfile.TemporaryDirectory() as tmp:
-            target = Path(tmp) / name
-            target.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
-            self._client.log_artifact(self.run_id, str(target))
+        text = json.dumps(obj, indent=2, sort_keys=True, default=str)
+
+        def send() -> None:
+            with tempfile.TemporaryDirectory() as tmp:
+                target = Path(tmp) / name
+                target.write_text(text)
+                self._client.log_artifact(self.run_id, str(target))
+
+        self._send(send)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         for key, value in tags.items():
-            self._client.set_tag(self.run_id, key, str(value))
+            self._send(functools.partial(self._client.set_tag, self.run_id, key, str(value)))
 
     def log_dataset(self, dataset: DatasetRef, context: str) -> None:
         from mlflow.entities import Dataset, DatasetInput, InputTag
@@ -201,8 +267,8 @@ class MlflowRun(Run):
             schema=json.dumps({"mlflow_colspec": [
                 {"name": k, "type": v} for k, v in dataset.schema.items()]}),
             profile=json.dumps({"sha256": dataset.sha256, **dataset.profile}, default=str))
-        self._client.log_inputs(self.run_id, datasets=[DatasetInput(
-            dataset=entity, tags=[InputTag("mlflow.data.context", context)])])
+        self._send(lambda: self._client.log_inputs(self.run_id, datasets=[DatasetInput(
+            dataset=entity, tags=[InputTag("mlflow.data.context", context)])]))
 
 
 class MlflowTracker(Tracker):
@@ -229,7 +295,7 @@ class MlflowTracker(Tracker):
         return child
 
     def open(self, run_id: str | None) -> Run:
-        return MlflowRun(self._client(), run_id) if run_id else Run()
+        return MlflowRun(self._client(), run_id, self._where()) if run_id else Run()
 
     def find_runs(self, parent_run_id: str, step: str) -> list[str]:
         client = self._client()
@@ -298,30 +364,45 @@ class MlflowTracker(Tracker):
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in self.experiment)
         return (database.parent / "mlruns" / safe).as_uri()
 
+    def _where(self) -> str:
+        return (self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+                or "the default store (sqlite mlflow.db)")
+
     @contextlib.contextmanager
     def run(self, name: str, tags: Mapping[str, str] | None = None) -> Iterator[Run]:
+        from mlflow.exceptions import MlflowException
+
         client = self._client()
-        experiment = client.get_experiment_by_name(self.experiment)
-        experiment_id = (
-            experiment.experiment_id
-            if experiment is not None
-            else client.create_experiment(self.experiment,
-                                          artifact_location=self._artifact_location())
-        )
         run_tags = {**_context_tags(), "mlflow.runName": name, "ctrctl.step": name,
                     **(tags or {})}
         parent = self.parent_run_id or os.environ.get(PARENT_RUN_ENV)
         if parent:
             run_tags["mlflow.parentRunId"] = parent
-        mlrun = client.create_run(experiment_id, tags=run_tags, run_name=name)
-        run = MlflowRun(client, mlrun.info.run_id)
+        try:
+            experiment = client.get_experiment_by_name(self.experiment)
+            experiment_id = (
+                experiment.experiment_id
+                if experiment is not None
+                else client.create_experiment(self.experiment,
+                                              artifact_location=self._artifact_location())
+            )
+            mlrun = client.create_run(experiment_id, tags=run_tags, run_name=name)
+        except (MlflowException, OSError) as exc:  # one line, not MLflow's chained traces
+            raise TrackingError(f"cannot start the {name} run: {_first_line(exc)}",
+                                where=self._where(), hint=_TRACKING_HINT) from exc
+        run = MlflowRun(client, mlrun.info.run_id, self._where())
         self.started.append((name, mlrun.info.run_id))
         status = "FAILED"
         try:
             yield run
             status = "FINISHED"
         finally:
-            client.set_terminated(run.run_id, status=status)
+            # A server lost mid-run got the rest kept: one more try now, then a warning.
+            if run.pending is None or run.flush():
+                run._send(lambda: client.set_terminated(run.run_id, status=status))
+                if run.pending:
+                    logger.warning("run %s stays open on %s (its end was not sent)",
+                                   run.run_id, self._where())
 
 
 def git_commit() -> str | None:
@@ -369,7 +450,7 @@ def check_tracking_uri(uri: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> N
     """
     if not uri:
         return
-    hint = "start the server, fix --tracking-uri / MLFLOW_TRACKING_URI, or pass --no-track"
+    hint = _TRACKING_HINT
     scheme = urllib.parse.urlsplit(uri).scheme.lower()
     if len(scheme) == 1:  # a Windows drive letter, C:\\...
         scheme = ""
@@ -393,6 +474,9 @@ def check_tracking_uri(uri: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> N
                             hint=hint) from None
     if status >= 500:
         raise TrackingError(f"tracking server answered HTTP {status}", where=uri, hint=hint)
+    if status not in (200, 401, 403):  # MLflow answers 200 "OK"; 401/403: a proxy's login
+        raise TrackingError(f"this is not an MLflow tracking server: {health} answered HTTP "
+                            f"{status}", where=uri, hint=hint)
 
 
 def make_tracker(

@@ -63,7 +63,7 @@ for _name in COMMANDS:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
-    from ctrctl.cli.common import console
+    from ctrctl.cli.common import console, print_error
 
     try:
         app(args=argv, prog_name="ctrctl", standalone_mode=True)
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     except CtrctlError as exc:
         if _state["verbose"]:
             console.print_exception()
-        console.print(f"[bold red]error:[/] {exc.render()}", highlight=False, soft_wrap=True)
+        print_error(exc.render())
         from ctrctl.distributed.launch import report_worker_error
 
         report_worker_error(exc.render(), type(exc).__name__)  # a rank under `launch`: tell it
@@ -88,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         if _state["verbose"]:
             console.print_exception()
-        console.print(f"[bold red]error:[/] {exc} (pass a folder `ctrctl quantize --out` "
-                      "wrote, unchanged since)", highlight=False, soft_wrap=True)
+        print_error(f"{exc} (pass a folder `ctrctl quantize --out` wrote, unchanged since)")
         return 1
     return 0
 

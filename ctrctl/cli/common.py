@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -20,6 +21,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.progress import Progress as RichProgressBar
+from rich.text import Text
 
 from ctrctl.progress import LogProgress, Progress
 from ctrctl.tracking import Tracker, make_tracker
@@ -53,6 +55,18 @@ class DevicePreset(str, enum.Enum):
 #: Human output goes to stderr; stdout is kept for machine-readable output (--json).
 console = Console(stderr=True)
 stdout = Console()
+
+
+
+def print_error(message: str) -> None:
+    """``error: <message>`` on stderr, the message as plain text.
+
+    Error text is not ours (a path, a user's value, a worker's exception with gloo's
+    ``[/__w/pytorch/...]`` in it): rich must not read it as markup.
+    """
+    console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False,
+                  soft_wrap=True)
+
 
 TrackingUri = Annotated[
     str | None,
@@ -133,7 +147,8 @@ class RichProgress(Progress):
         )
         if not self.embedded:
             self._bar.start()
-        self._task = self._bar.add_task(description, total=total, rate="", extra="")
+        # the description is formatted into "[bold]{...}" markup: a split's name stays text
+        self._task = self._bar.add_task(escape(description), total=total, rate="", extra="")
 
     def advance(self, amount: float = 1, **fields: Any) -> None:
         if self._bar is None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ctrctl.cli.common import (
@@ -49,13 +50,13 @@ def _summary(metrics: dict[str, Any], segments: dict[str, list[dict[str, Any]]])
     console.print(table)
     if metrics.get("baseline_feature"):
         console.print(f"baseline: smoothed training CTR of {metrics['baseline_feature']}; "
-                      f"AUC lift {_fmt(metrics.get('auc_lift'))}")
+                      f"AUC lift {_fmt(metrics.get('auc_lift'))}", markup=False)
     if metrics.get("checkpoint_finished") is False:
         console.print(f"[yellow]warning:[/] the run did not finish: this is its checkpoint "
                       f"of step {metrics['checkpoint_step']:,}, not its final model")
     for key, why in metrics.items():
         if key.startswith("undefined_"):
-            console.print(f"[yellow]{key[10:]} undefined:[/] {why}")
+            console.print(f"[yellow]{key[10:]} undefined:[/] {escape(str(why))}")
     for feature, rows in segments.items():
         seg = Table(title=f"by {feature} (largest {min(len(rows), 10)} of {len(rows)})")
         for name in ("segment", "rows", "label rate", "AUC", "logloss", "calibration"):

@@ -162,7 +162,7 @@ def plan_command(
         outcome = run_plan(request, tracker)
     _render(outcome)
     if out is not None:
-        console.print(f"wrote {out}")
+        console.print(f"wrote {out}", markup=False)
     if as_json:
         stdout.print_json(data=outcome.summary)
 

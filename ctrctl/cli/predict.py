@@ -44,7 +44,7 @@ def predict_command(
             result = predict_raw(model, input, out, batch_size=batch_size, overwrite=overwrite,
                                  compile=compile, verify_key=verify)
     console.print(f"scored {result.rows:,} rows in {result.seconds:.2f} s "
-                  f"({result.rows_per_s:,.0f} rows/s) -> {result.out}")
+                  f"({result.rows_per_s:,.0f} rows/s) -> {result.out}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -100,7 +100,8 @@ def quantize_command(
 
     config = QuantizeConfig(
         dtype=dtype.lower(), per_table=parse_per_table(per_table or []), num_shards=shards,
-        device_memory_bytes=int(device_memory_gb * 2**30) if device_memory_gb else None,
+        device_memory_bytes=(int(device_memory_gb * 2**30) if device_memory_gb is not None
+                             else None),
         dense_dtype=dense_dtype.lower())
     note = bf16_dense_note(config.dense_dtype)
     if note:
@@ -120,7 +121,7 @@ def quantize_command(
                       f"{r['bytes'] / r['fp32_bytes']:.3f}", str(r["shard"]))
     console.print(table)
     _render_placement(q.plan)
-    console.print(f"artifact: {out}")
+    console.print(f"artifact: {out}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

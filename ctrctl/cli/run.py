@@ -50,9 +50,9 @@ def register(app: typer.Typer) -> None:
                 progress=view.progress if isinstance(view, LiveRunView) else LogProgress(),
                 observer=view)
         if result.parent_run_id:
-            console.print(f"MLflow parent run {result.parent_run_id}", highlight=False)
+            console.print(f"MLflow parent run {result.parent_run_id}", markup=False, highlight=False)
         if result.model_uri:
-            console.print(f"model {result.model_uri}", highlight=False)
+            console.print(f"model {result.model_uri}", markup=False, highlight=False)
         if not result.gates_passed:
             console.print("[bold red]a gate failed[/]: the alias was not moved", highlight=False)
         raise typer.Exit(result.exit_code)

@@ -21,6 +21,7 @@ from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from ctrctl.cli.common import RichProgress
@@ -109,8 +110,9 @@ class StepTable(RunObserver):
             if row.state == "running" and row.started is not None:
                 seconds = self.clock() - row.started
             style = STYLES.get(row.state, "")
-            table.add_row(row.name, f"[{style}]{row.state}[/]" if style else row.state,
-                          "" if seconds is None else f"{seconds:.1f}", row.metric)
+            state = escape(row.state)
+            table.add_row(escape(row.name), f"[{style}]{state}[/]" if style else state,
+                          "" if seconds is None else f"{seconds:.1f}", escape(row.metric))
         return table
 
 
@@ -166,7 +168,7 @@ class PlainRunView(StepTable):
 
     def step_started(self, outcome: StepOutcome) -> None:
         super().step_started(outcome)
-        self.console.print(f"{outcome.name}: running", highlight=False)
+        self.console.print(f"{outcome.name}: running", markup=False, highlight=False)
 
     def step_finished(self, outcome: StepOutcome) -> None:
         super().step_finished(outcome)
@@ -175,7 +177,8 @@ class PlainRunView(StepTable):
         row = self.rows[outcome.name]
         took = f" in {row.seconds:.1f} s" if row.seconds is not None else ""
         metric = f" ({row.metric})" if row.metric else ""
-        self.console.print(f"{outcome.name}: {row.state}{took}{metric}", highlight=False)
+        self.console.print(f"{outcome.name}: {row.state}{took}{metric}", markup=False,
+                           highlight=False)
 
     def run_finished(self, result: RunResult) -> None:
         super().run_finished(result)

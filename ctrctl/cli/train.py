@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ctrctl.cli.common import (
@@ -82,7 +83,7 @@ def train_command(
                              tracking_uri=tracking_uri, experiment=experiment)
             # A failed rank raises DistributedError naming it (distributed.launch).
             launch_training(spec, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
-            console.print(f"[green]trained[/] with {nproc_per_node * nnodes} processes -> {out}")
+            console.print(f"[green]trained[/] with {nproc_per_node * nnodes} processes -> {escape(str(out))}")
             return
         result = train(dataset, out, cfg, resume=resume, overwrite=overwrite,
                        plan=sharding,
@@ -99,7 +100,7 @@ def train_command(
 
             console.print("cached tables:")
             console.print(format_cache_report(result.cache), markup=False, highlight=False)
-        console.print(f"checkpoint: {result.checkpoint}")
+        console.print(f"checkpoint: {result.checkpoint}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -158,6 +158,7 @@ static int parse_line(const char *p, const char *end, char sep, const Columns *c
     int more = 1; /* whether a field starts at p */
     for (Py_ssize_t c = 0; c < cols->ncols; c++) {
         char kind = cols->kinds[c];
+        if (!more) return 0; /* fewer fields than columns: cut short (polars counts it) */
         switch (kind) {
         case 'L':
             if (!more || (*p != '0' && *p != '1')) return 0;

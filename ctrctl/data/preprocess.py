@@ -65,7 +65,7 @@ from ctrctl.data.vocab import (
     save_vocabs,
 )
 from ctrctl.errors import ConfigError, InputDataError
-from ctrctl.io import check_destination, staged_folder
+from ctrctl.io import check_destination, refuse_output_over_inputs, staged_folder, writing
 from ctrctl.progress import Progress
 from ctrctl.tracking import Tracker
 
@@ -166,18 +166,6 @@ def _plan_jobs(
     return jobs
 
 
-def _refuse_output_over_inputs(out: Path, inputs: Sequence[Path]) -> None:
-    """An output that is, or holds, an input would delete it when replaced (--overwrite)."""
-    target = out.resolve()
-    for path in inputs:
-        source = path.resolve()
-        if source == target or target in source.parents:
-            raise ConfigError(
-                "the output folder contains an input" if source != target
-                else "the output folder is an input", where=f"--out {out} and {path}",
-                hint="choose an --out outside the inputs' folders")
-
-
 def preprocess(
     schema: Schema | str | Path | None,
     inputs: Sequence[str | InputSource],
@@ -245,7 +233,7 @@ def preprocess(
     ratio = _parse_ratio(split_ratio)
     if split_by_day and ratio is not None:
         raise ConfigError("--split-by-day and --split-ratio exclude each other")
-    _refuse_output_over_inputs(out, [s.path for s in sources] + (
+    refuse_output_over_inputs(out, [s.path for s in sources] + (
         [Path(reuse_transforms)] if reuse_transforms is not None else []))
     check_destination(out, overwrite)
     if not 0.0 <= val_fraction < 1.0 or not 0.0 <= max_skip_fraction <= 1.0:
@@ -264,7 +252,7 @@ def preprocess(
             "val_fraction": val_fraction if carved else 0.0,
         })
         run.log_dict(schema.to_dict(), "schema.json")
-        with staged_folder(out, overwrite=overwrite) as staging:
+        with writing(out), staged_folder(out, overwrite=overwrite) as staging:
             manifest, timings = _run(schema, sources, staging, ratio, seed, split_by_day,
                                      followed, reuse_transforms, on_bad_rows, row_group_size,
                                      progress, val_fraction if carved else 0.0,

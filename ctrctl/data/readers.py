@@ -2,7 +2,8 @@
 
 CSV/TSV inputs (plain or gzip) are scanned lazily with every column as a string and one extra
 column that is non-null only on rows with more fields than the schema; a row with fewer
-fields reads its missing trailing fields as empty (real Criteo files lose trailing tabs).
+fields is flagged in ``__short`` (TSV: counted in a first pass over the lines, as the CSV
+reader reads absent trailing fields as empty ones), and becomes a bad row.
 Parquet inputs are scanned by column name and cast to strings, so that both go through the
 same validation. libfm inputs (``label idx:value ...``, space-separated, e.g. Frappe) are read
 as space-separated fields and each ``idx:value`` field is cut to its index (sparse columns) or
@@ -27,7 +28,7 @@ from pathlib import Path
 import polars as pl
 
 from ctrctl.data.schema import Column, Schema
-from ctrctl.data.transforms import EXTRA, ROW
+from ctrctl.data.transforms import EXTRA, ROW, SHORT
 from ctrctl.errors import InputDataError, SchemaError
 
 SPLIT_NAMES = ("train", "val", "test")
@@ -218,8 +219,8 @@ def scan_input(schema: Schema, path: Path) -> ScannedInput:
             raise SchemaError(f"columns {missing} of the schema are not in the file",
                               where=str(path), hint=f"the file has {present}")
         frame = frame.select(
-            *[pl.col(n).cast(pl.String) for n in names], pl.lit(None, pl.String).alias(EXTRA)
-        )
+            *[pl.col(n).cast(pl.String) for n in names], pl.lit(None, pl.String).alias(EXTRA),
+            pl.lit(False).alias(SHORT))
         return ScannedInput(frame.with_row_index(ROW), 0, None)
 
     sample = _sample(path)
@@ -257,7 +258,31 @@ def scan_input(schema: Schema, path: Path) -> ScannedInput:
     if schema.format == "libfm":
         frame = frame.with_columns(_libfm_field(c) for c in schema.columns
                                    if c.role in ("dense", "sparse"))
-    return ScannedInput(frame.with_row_index(ROW), 1 if has_header else 0, estimated)
+    short = _short_rows(path, schema, 1 if has_header else 0) if schema.format == "tsv" else []
+    frame = frame.with_row_index(ROW).with_columns(
+        (pl.col(ROW).is_in(short) if short else pl.lit(False)).alias(SHORT))
+    return ScannedInput(frame, 1 if has_header else 0, estimated)
+
+
+def _short_rows(path: Path, schema: Schema, skip_lines: int) -> list[int]:
+    """The rows of a TSV input with fewer fields than the schema's columns.
+
+    The CSV reader fills absent trailing fields exactly as empty ones, so a row cut short
+    would read as missing values: count each line's separators instead (one streaming pass;
+    TSV has no quoting, so every separator ends a field).
+    """
+    full = len(schema.columns) - 1  # separators in a whole row
+    lines = pl.scan_csv(path, has_header=False, skip_lines=skip_lines, separator="\x1f",
+                        quote_char=None, schema={"line": pl.String}, extra_columns="ignore",
+                        empty_string_is_null=False)
+    try:
+        found = (lines.with_row_index(ROW)
+                 .filter(pl.col("line").fill_null("").str.count_matches(schema.sep, literal=True)
+                         < full)
+                 .select(ROW).collect(engine="streaming"))
+    except (OSError, pl.exceptions.PolarsError):
+        return []  # a damaged file: the scan itself reports it, with what is known of it
+    return [int(r) for r in found[ROW].to_list()]
 
 
 def _libfm_field(column: Column) -> pl.Expr:

@@ -19,7 +19,14 @@ import polars as pl
 from ctrctl.data.manifest import DatasetManifest, DenseFeature, SparseFeature
 from ctrctl.data.readers import ScannedInput, raw_row
 from ctrctl.data.schema import Schema
-from ctrctl.data.transforms import EXTRA, dense_value, derived_key, label_value, sparse_key
+from ctrctl.data.transforms import (
+    EXTRA,
+    SHORT,
+    dense_value,
+    derived_key,
+    label_value,
+    sparse_key,
+)
 from ctrctl.data.vocab import num_embeddings
 from ctrctl.errors import InputDataError
 
@@ -118,6 +125,9 @@ def locate_bad_row(
     names = [c.name for c in schema.columns]
     hint = ("fix the input, or pass --on-bad-rows skip to drop such rows "
             f"({total_bad:,} in this file)")
+    if raw.get(SHORT):
+        return InputDataError(f"row has fewer fields than the schema's {len(names)} columns "
+                              "(cut short?)", where=f"{path}:{line}", hint=hint)
     if raw.get(EXTRA) is not None:
         return InputDataError(f"row has more fields than the schema's {len(names)} columns",
                               where=f"{path}:{line}:{len(names) + 1}", hint=hint)
@@ -126,7 +136,7 @@ def locate_bad_row(
     label = next(c for c in schema.columns if c.role == "label")
     checks.append((label.name, label_value(label, schema.label_rule)[1],
                    "label is not 0 or 1" if schema.label_rule is None
-                   else "label matches neither label.map nor a number for label.threshold"))
+                   else "label matches neither label.map nor a finite number for label.threshold"))
     for column in schema.dense:
         checks.append((column.name, dense_value(column)[1],
                        f"dense value is not a{'n integer' if column.value_type == 'int' else ' number'}"))

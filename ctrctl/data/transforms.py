@@ -24,9 +24,13 @@ import polars as pl
 from ctrctl.data.schema import DERIVED_SIZES, Column, LabelRule, Schema
 
 #: Bad-row reasons in priority order; a row's code is 1 + the index of its first reason.
-BAD_REASONS: tuple[str, ...] = ("too_many_fields", "bad_label", "bad_dense", "bad_sparse")
+BAD_REASONS: tuple[str, ...] = ("too_many_fields", "bad_label", "bad_dense", "bad_sparse",
+                                "too_few_fields")
 #: The extra column that is non-null only on rows with more fields than the schema.
 EXTRA = "__extra"
+#: True on a TSV row with fewer fields than the schema: its absent fields would read as
+#: empty ones, so a row cut short would pass as missing values.
+SHORT = "__short"
 #: The 0-based row number within an input (a line number once the header is added).
 ROW = "__row"
 #: The bad-reason code of a row (0 = good).
@@ -42,7 +46,7 @@ def label_value(column: Column, rule: LabelRule | None = None) -> tuple[pl.Expr,
 
     Without a rule the label must be exactly "0" or "1"; with ``rule.map`` the raw text is
     looked up (anything else is malformed); with ``rule.threshold`` the raw number is compared
-    (1 when >= threshold; not a number is malformed).
+    (1 when >= threshold; not a finite number, nan or inf, is malformed).
     """
     raw = pl.col(column.name)
     if rule is not None and rule.map is not None:
@@ -51,7 +55,9 @@ def label_value(column: Column, rule: LabelRule | None = None) -> tuple[pl.Expr,
         return mapped.fill_null(0), mapped.is_null()
     if rule is not None and rule.threshold is not None:
         number = raw.str.strip_chars().cast(pl.Float64, strict=False)
-        return (number >= rule.threshold).fill_null(False).cast(pl.Int8), number.is_null()
+        # nan and inf read as numbers, and nan compares above every threshold (a click)
+        bad = number.is_null() | ~number.is_finite()
+        return (number >= rule.threshold).fill_null(False).cast(pl.Int8), bad
     value = (raw == "1").cast(pl.Int8)
     bad = ~raw.is_in(["0", "1"]).fill_null(False)
     return value, bad
@@ -179,6 +185,7 @@ def parsed_columns(schema: Schema) -> tuple[list[pl.Expr], pl.Expr]:
         "bad_label": [bad],
         "bad_dense": [],
         "bad_sparse": [],
+        "too_few_fields": [pl.col(SHORT)],
     }
     for column in schema.dense:
         value, bad = dense_value(column)

@@ -34,7 +34,14 @@ from ctrctl.evaluation.sources import (
     predictions_scores,
     rank_range,
 )
-from ctrctl.io import check_destination, publish_staged, stage_folder, write_json_atomic
+from ctrctl.io import (
+    check_destination,
+    publish_staged,
+    refuse_output_over_inputs,
+    stage_folder,
+    write_json_atomic,
+    writing,
+)
 from ctrctl.metrics.calibration import DEFAULT_BINS
 from ctrctl.metrics.streaming import (
     DEFAULT_EXACT_LIMIT,
@@ -322,6 +329,7 @@ def evaluate(
     if checkpoint is not None and dataset is None:
         dataset = recorded_dataset(checkpoint)
     _check_sources(checkpoint, dataset, predictions)
+    refuse_output_over_inputs(out, [checkpoint, dataset, predictions])
     rank, world_size = _rank_and_world(group)
     check_destination(out, overwrite)
     progress = progress or NullProgress()
@@ -329,20 +337,21 @@ def evaluate(
 
     staging = _broadcast(stage_folder(out, overwrite=overwrite) if rank == 0 else None, group)
     try:
-        result = _measure(
-            checkpoint, dataset, predictions, split, tuple(segment_by), save_predictions,
-            tuple(keep),
-            baselines, smoothing, batch_size, num_bins, exact_limit, ece_bins, progress,
-            group, rank, world_size, staging,
-        )
-        if checkpoint is not None:
-            result.metrics.update(checkpoint_status(checkpoint))
-        result.gates = check_gates(parsed, result.metrics)
-        if rank == 0:
-            _write(staging, result)
-            publish_staged(staging, out)
-            result.out = out
-            result.run_id = _track(tracker, out, result, checkpoint, split, parsed)
+        with writing(out):
+            result = _measure(
+                checkpoint, dataset, predictions, split, tuple(segment_by), save_predictions,
+                tuple(keep),
+                baselines, smoothing, batch_size, num_bins, exact_limit, ece_bins, progress,
+                group, rank, world_size, staging,
+            )
+            if checkpoint is not None:
+                result.metrics.update(checkpoint_status(checkpoint))
+            result.gates = check_gates(parsed, result.metrics)
+            if rank == 0:
+                _write(staging, result)
+                publish_staged(staging, out)
+                result.out = out
+                result.run_id = _track(tracker, out, result, checkpoint, split, parsed)
     except BaseException:
         if rank == 0:
             shutil.rmtree(staging, ignore_errors=True)

@@ -22,6 +22,8 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +33,11 @@ from torch import nn
 
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.data.transforms import STRING_HASH_SEED
-from ctrctl.errors import ConfigError, OutputExistsError
+from ctrctl.errors import CheckpointError, ConfigError, DatasetError, OutputExistsError
 from ctrctl.inference import standalone
 from ctrctl.inference.quantize import QuantizedModel
 from ctrctl.inference.serving import ServingModel
-from ctrctl.io import write_json_atomic
+from ctrctl.io import refuse_output_over_inputs, write_json_atomic, writing
 
 logger = logging.getLogger(__name__)
 
@@ -359,6 +361,43 @@ def load_artifact(folder: str | Path, device: str = "cpu", compile: bool = False
     return standalone.load(str(folder), device=device, compile=compile, verify_key=key)
 
 
+@contextmanager
+def _still_there(step: Path) -> Iterator[None]:
+    """A run still training deletes its older steps (``keep_checkpoints``): a step folder
+    gone while it was read is said as such, not as "no checkpoint found"."""
+    try:
+        yield
+    except Exception as exc:
+        if step.is_dir():
+            raise
+        raise CheckpointError(
+            "the checkpoint was deleted while it was read: a run still training in this "
+            "folder keeps only its last checkpoints", where=str(step),
+            hint="quantize once the run has ended, or a copy of a step folder") from exc
+
+
+def _check_vocabularies(manifest: dict[str, Any], dataset: Path | str | None,
+                        recorded: str | None) -> None:
+    """Refuse, before any work, to export vocabulary features without their vocabularies.
+
+    An artifact without them scores nothing: every later ``predict`` or ``serving.load`` of
+    it fails. They live in the training dataset (``vocab/<feature>.parquet``).
+    """
+    wanted = [f["name"] for f in manifest.get("sparse", []) if f.get("mode") == "vocab"]
+    if not wanted:
+        return
+    if dataset is None:
+        raise DatasetError(
+            f"the training dataset {recorded or '(not recorded)'} is gone, and features "
+            f"{', '.join(wanted)} need its vocabularies", where="--dataset",
+            hint="pass --dataset with the dataset the checkpoint was trained on (or a copy)")
+    missing = [n for n in wanted if not (Path(dataset) / "vocab" / f"{n}.parquet").is_file()]
+    if missing:
+        raise DatasetError(f"the vocabularies of {', '.join(missing)} are missing",
+                           where=str(Path(dataset) / "vocab"),
+                           hint="pass --dataset with the dataset the checkpoint was trained on")
+
+
 def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *,
                          dataset: str | Path | None = None, overwrite: bool = False,
                          tracker: Any = None, log_model: bool = True,
@@ -384,21 +423,29 @@ def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *
     from ctrctl.tracking import Tracker
 
     out = Path(out)
+    refuse_output_over_inputs(out, [checkpoint, dataset])
     if out.exists() and not overwrite:
         raise OutputExistsError("the export folder already exists", where=str(out),
                                 hint="pass --overwrite to replace it")
     if sign_key is not None:
         sign_key = signing_key(sign_key)  # before the work: a bad key file fails first
     tracker = tracker or Tracker()
+    # One step folder, read from here on: a run still training moves `latest` meanwhile.
+    step = ckpt.resolve_checkpoint(checkpoint)
+    meta = ckpt.read_metadata(step)
     if dataset is None:
-        recorded = ckpt.read_metadata(checkpoint).extra.get("dataset")
+        recorded = meta.extra.get("dataset")
         dataset = Path(recorded) if recorded and Path(recorded).is_dir() else None
+    _check_vocabularies(meta.extra.get("manifest") or {}, dataset, meta.extra.get("dataset"))
     with tracker.run("quantize") as run:
-        quantized = quantize_checkpoint(checkpoint, config)
+        with _still_there(step):
+            quantized = quantize_checkpoint(step, config)
         if quantized.training_run_id:
             run.set_tags({"ctrctl.training_run_id": quantized.training_run_id})
         run.log_params({"checkpoint": str(quantized.checkpoint), **config.to_dict()})
-        write_artifact(quantized, out, overwrite=overwrite, dataset=dataset, sign_key=sign_key)
+        with _still_there(step), writing(out):
+            write_artifact(quantized, out, overwrite=overwrite, dataset=dataset,
+                           sign_key=sign_key)
         metrics: dict[str, float] = {
             "bytes.fp32": float(quantized.fp32_bytes),
             "bytes.quantized": float(quantized.quantized_bytes),

@@ -34,6 +34,7 @@ from ctrctl.data.batch import Batch
 from ctrctl.data.dataset import BatchLoader
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.errors import CheckpointError, DatasetError, OutputExistsError
+from ctrctl.io import refuse_output_over_inputs, writing
 from ctrctl.training import model as model_io
 
 __all__ = ["PredictResult", "batch_inputs", "check_transforms", "load_model",
@@ -236,6 +237,7 @@ def predict_dataset(model_dir: str | Path, dataset: str | Path, split: str,
     from ctrctl.inference.export import load_artifact
 
     out = Path(out)
+    refuse_output_over_inputs(out, [model_dir, dataset])
     if out.exists() and not overwrite:
         raise OutputExistsError("the scores file already exists", where=str(out),
                                 hint="pass --overwrite to replace it")
@@ -253,7 +255,8 @@ def predict_dataset(model_dir: str | Path, dataset: str | Path, split: str,
         scores.append(serving.score(*batch_inputs(batch, order)).numpy())
         labels.append(batch.labels.numpy())
         rows += batch.batch_size
-    _write_scores(out, labels, scores, overwrite)
+    with writing(out):
+        _write_scores(out, labels, scores, overwrite)
     return PredictResult(out, rows, time.perf_counter() - started, True)
 
 
@@ -267,6 +270,7 @@ def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
     from ctrctl.data.preprocess import preprocess
 
     out = Path(out)
+    refuse_output_over_inputs(out, [model_dir, raw])
     if out.exists() and not overwrite:
         raise OutputExistsError("the scores file already exists", where=str(out),
                                 hint="pass --overwrite to replace it")
@@ -282,7 +286,8 @@ def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
                            hint="score a preprocessed split with --dataset instead")
     started = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".predict-", dir=out.parent) as tmp:
+    # the raw logs are preprocessed beside ``out``: a full disk there is ``out``'s
+    with writing(out), tempfile.TemporaryDirectory(prefix=".predict-", dir=out.parent) as tmp:
         staged = Path(tmp) / "dataset"
         preprocess(None, [f"test={raw}"], staged, reuse_transforms=transforms,
                    on_bad_rows=on_bad_rows)  # type: ignore[arg-type]

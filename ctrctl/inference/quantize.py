@@ -67,6 +67,10 @@ class QuantizeConfig:
         if self.dense_dtype not in DENSE_DTYPES:
             raise ConfigError(f"unknown dense dtype {self.dense_dtype!r}",
                               hint=f"use one of {', '.join(DENSE_DTYPES)}")
+        if self.device_memory_bytes is not None and self.device_memory_bytes <= 0:
+            raise ConfigError("--device-memory-gb must be more than 0 (no table fits in "
+                              f"{self.device_memory_bytes:,} bytes)",
+                              hint="leave it out for shards without a memory limit")
 
     def table_dtype(self, table: str) -> str:
         return self.per_table.get(table, self.dtype)

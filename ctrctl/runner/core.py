@@ -13,7 +13,7 @@ import yaml
 
 from ctrctl.config import PipelineConfig, load_config
 from ctrctl.errors import CtrctlError
-from ctrctl.io import output_lock, write_text_atomic
+from ctrctl.io import check_output_location, output_lock, write_text_atomic
 from ctrctl.progress import Progress
 from ctrctl.runner.events import RunObserver
 from ctrctl.runner.lineage import log_step_datasets
@@ -153,6 +153,7 @@ def run_pipeline(
     cfg, source = _load(config, overrides)
     check_pipeline(cfg, source)
     folder = Path(workdir or cfg.runner.workdir or Path("runs") / cfg.name)
+    check_output_location(folder, option="--workdir (runner.workdir)")
     folder.mkdir(parents=True, exist_ok=True)
     with output_lock(folder, "ctrctl run"):
         return _run_locked(cfg, source, overrides, folder, from_step, until_step, force,

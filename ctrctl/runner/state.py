@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctrctl.errors import FormatError
 from ctrctl.io import read_json_file, write_json_atomic
 
 logger = logging.getLogger(__name__)
@@ -48,14 +49,28 @@ def _files(path: Path) -> list[Path]:
                   and not any(part.startswith(".tmp") for part in p.relative_to(path).parts))
 
 
+def _valid(entry: Any) -> bool:
+    """A hash cache entry as :meth:`HashCache.file` writes it."""
+    return (isinstance(entry, dict) and isinstance(entry.get("size"), int)
+            and isinstance(entry.get("mtime_ns"), int) and isinstance(entry.get("sha256"), str))
+
+
 class HashCache:
     """sha256 of files, remembered by (absolute path, size, mtime_ns) in a JSON file."""
 
     def __init__(self, path: Path):
         self.path = path
-        data = read_json_file(path) if path.is_file() else {}
-        self._entries: dict[str, dict[str, Any]] = data if isinstance(data, dict) else {}
+        self._entries: dict[str, dict[str, Any]] = {}
         self._dirty = False
+        try:
+            data = read_json_file(path) if path.is_file() else {}
+        except FormatError as exc:  # a cache: what cannot be read is hashed again
+            logger.warning("%s; discarded, the files are hashed again", exc.render())
+            data = None
+        entries = data if isinstance(data, dict) else {}
+        self._entries = {key: entry for key, entry in entries.items() if _valid(entry)}
+        self._dirty = data is None or not isinstance(data, dict) or (
+            len(self._entries) != len(entries))  # rewritten without what was discarded
 
     def file(self, path: Path) -> str:
         """The sha256 of ``path``, read again only when its size or mtime changed."""

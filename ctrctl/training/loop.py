@@ -51,7 +51,7 @@ from ctrctl.distributed.pipeline import (
 )
 from ctrctl.distributed.types import ShardingPlan
 from ctrctl.errors import CheckpointError, ConfigError, OutputExistsError
-from ctrctl.io import write_json_atomic
+from ctrctl.io import check_output_location, write_json_atomic, writing
 from ctrctl.progress import Progress
 from ctrctl.tracking import Run, Tracker
 from ctrctl.training import model as model_io
@@ -632,6 +632,8 @@ def train(
     """
     dataset, out = Path(dataset), Path(out)
     rank, world_size = _world()
+    if config.training.trace is not None:  # written at the end: checked before training
+        check_output_location(config.training.trace, folder=False, option="--trace (training.trace)")
     # Only rank 0 tracks and reports progress, whatever the caller passed to the others.
     tracker = tracker if tracker is not None and rank == 0 else Tracker()
     progress = progress if progress is not None and rank == 0 else Progress()
@@ -646,7 +648,8 @@ def train(
         shutil.rmtree(out / "checkpoints")
     if world_size > 1:
         dist.barrier()
-    with tracker.run("train") as run:
+    kept = "checkpoints written before are kept"
+    with writing(out, kept), tracker.run("train") as run:
         trainer = _Trainer(dataset, out, config, plan, run, progress, stop_after)
         if resume and existing is not None:
             trainer.restore(existing)

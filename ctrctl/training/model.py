@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,8 @@ def build_model(config: PipelineConfig, manifest: DatasetManifest,
                           "model.dense_arch is empty",
                           hint=f"give a dense_arch ending at embedding_dim, e.g. "
                           f"[64, {m.embedding_dim}]")
+    if device.type == "cpu":
+        _check_tables_fit(manifest, m.embedding_dim, set(m.cached_tables))
     return dlrm_from_manifest(
         manifest,
         embedding_dim=m.embedding_dim,
@@ -78,6 +81,30 @@ def build_model(config: PipelineConfig, manifest: DatasetManifest,
         cache_dir=m.cache_dir,
         first_order=m.first_order,
     )
+
+
+def _host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _check_tables_fit(manifest: DatasetManifest, dim: int, cached: set[str]) -> None:
+    """Refuse tables whose fp32 weights alone exceed this machine's memory.
+
+    A ``hash_size`` of 2**40 was preprocessed without a word, then died in the allocator
+    with a traceback. Cached tables live on disk and are not counted.
+    """
+    held = {name: rows for name, rows in manifest.table_sizes().items() if name not in cached}
+    need = sum(held.values()) * dim * 4  # fp32 weights; optimizer state comes on top
+    memory = _host_memory_bytes()
+    if not held or need <= memory:
+        return
+    name, rows = max(held.items(), key=lambda item: item[1])
+    raise ConfigError(
+        f"the embedding tables do not fit in memory: {sum(held.values()):,} rows x {dim} "
+        f"take {need / 2**30:,.1f} GiB, this machine has {memory / 2**30:,.1f} GiB "
+        f"(the largest, {name!r}, has {rows:,} rows)", where="manifest.json",
+        hint=f"lower {name}'s hash_size in the schema and preprocess again, keep the table "
+             "on disk (model.cached_tables), or shard it over more ranks (ctrctl plan)")
 
 
 def dlrm_from_manifest(

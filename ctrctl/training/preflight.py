@@ -16,8 +16,8 @@ from pathlib import Path
 from ctrctl.checkpoint import latest_checkpoint
 from ctrctl.config import PipelineConfig
 from ctrctl.data.manifest import DatasetManifest
-from ctrctl.distributed.types import ShardingPlan
-from ctrctl.errors import OutputExistsError
+from ctrctl.distributed.types import ShardingPlan, ShardingType
+from ctrctl.errors import ConfigError, OutputExistsError
 
 logger = logging.getLogger(__name__)
 
@@ -63,4 +63,12 @@ def preflight(dataset: str | Path, out: str | Path, config: PipelineConfig,
                        "is checked but not used", plan, loaded.world_size)
         return None
     loaded.validate(tables, world_size, where=str(plan))
+    replicated = sorted(name for name, sharding in loaded.tables.items()
+                        if sharding.sharding_type == ShardingType.DATA_PARALLEL.value)
+    if config.training.pipeline == "semi-sync" and replicated:  # as the pipeline says, later
+        raise ConfigError(
+            f"semi-sync looks embeddings up one step ahead, which data-parallel tables "
+            f"({', '.join(replicated)}) cannot do: the dense optimizer steps them",
+            where=f"training.pipeline and {plan}", hint="plan them on another sharding type, "
+            "or use the sparse-dist pipeline")
     return loaded

@@ -111,12 +111,16 @@ def test_transforms_match_hand_computed_values(tmp_path: Path) -> None:
     assert sparse["m"].multi_hot and sparse["m"].mean_length == pytest.approx(4 / 3)
 
 
-def test_short_rows_read_missing_trailing_fields_as_empty(tmp_path: Path) -> None:
+def test_empty_trailing_fields_are_missing_and_absent_ones_a_bad_row(tmp_path: Path) -> None:
     src = write(tmp_path / "in.tsv", [["1", "3", "2", "1", "x", "ff", "4", "a", "5"],
-                                      ["0", "9"]])
+                                      ["0", "9", "", "", "", "", "", "", ""]])
     preprocess(small_schema(), [str(src)], tmp_path / "out")
     df = read_split(tmp_path / "out", "train")
     assert df.row(1) == (0, pytest.approx(math.log(10)), 1.5, 0.0, 0, 0, 0, [])
+    short = write(tmp_path / "short.tsv", [["1", "3", "2", "1", "x", "ff", "4", "a", "5"],
+                                           ["0", "9"]])  # cut short: not missing values
+    with pytest.raises(InputDataError, match=r"short\.tsv:2: row has fewer fields"):
+        preprocess(small_schema(), [str(short)], tmp_path / "out2")
 
 
 def test_derived_time_features(tmp_path: Path) -> None:
