@@ -40,7 +40,6 @@ from ctrctl.data.readers import (
     InputSource,
     ScannedInput,
     day_of,
-    file_digest,
     parse_input,
     reading,
     scan_input,
@@ -65,7 +64,7 @@ from ctrctl.data.vocab import (
     save_vocabs,
 )
 from ctrctl.errors import ConfigError, InputDataError
-from ctrctl.io import check_destination, staged_folder
+from ctrctl.io import check_destination, file_sha256, staged_folder
 from ctrctl.progress import Progress
 from ctrctl.tracking import Tracker
 
@@ -325,7 +324,7 @@ def _run(
         vocabs = load_vocabs(Path(followed_dir or "."), vocab_features)
     # Input hashes are computed beside the parse (hashlib releases the GIL).
     hasher = ThreadPoolExecutor(max_workers=1)
-    digests = {s.path: hasher.submit(file_digest, s.path) for s in sources}
+    digests = {s.path: hasher.submit(file_sha256, s.path) for s in sources}
     hasher.shutdown(wait=False)
     jobs = _plan_jobs(schema, sources, ratio, seed, split_by_day, val_fraction)
     stage_dir = temp / "_staged" if staged else temp

@@ -16,12 +16,9 @@ Example:
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import logging
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +32,7 @@ from ctrctl.errors import ConfigError, OutputExistsError
 from ctrctl.inference import standalone
 from ctrctl.inference.quantize import QuantizedModel
 from ctrctl.inference.serving import ServingModel
-from ctrctl.io import write_json_atomic
+from ctrctl.io import file_sha256, json_sha256, staged_folder, tree_sha256, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -89,24 +86,6 @@ def _stripped_copy(program: torch.export.ExportedProgram) -> dict[str, torch.Ten
                                     if isinstance(value, nn.Parameter) else empty)
     program.example_inputs = None  # type: ignore[assignment]
     return state
-
-
-def file_sha256(path: str | Path) -> str:
-    return standalone.sha256_file(str(path))
-
-
-def folder_sha256(folder: str | Path) -> str:
-    """A hash of a folder: its files' relative paths and contents, in sorted order."""
-    folder = Path(folder)
-    digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(folder)).encode() + b"\0")
-        digest.update(file_sha256(path).encode() + b"\n")
-    return digest.hexdigest()
-
-
-def _json_sha256(data: Any) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def input_contract(manifest: DatasetManifest, order: list[str],
@@ -220,9 +199,9 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
     model = quantized.model
     program = export_program(model)
     state = _stripped_copy(program)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    # Staged beside ``out`` under io's temp name (a killed export's folder is cleaned up by
+    # the next write there); an old artifact is replaced only once the new one is verified.
+    with staged_folder(out, overwrite=overwrite) as stage:
         files: dict[str, dict[str, Any]] = {}
         groups: dict[str, dict[str, torch.Tensor]] = {DENSE_FILE: {}}
         for name, tensor in state.items():
@@ -263,12 +242,6 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
         write_json_atomic(stage / standalone.MANIFEST,
                           _manifest(quantized, program, state, files, vocabularies))
         standalone.verify(str(stage))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(stage, out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
     logger.info("serving artifact written: %s", out)
     return out
 
@@ -286,8 +259,8 @@ def _manifest(quantized: QuantizedModel, program: torch.export.ExportedProgram,
         from ctrctl import checkpoint as ckpt
 
         meta = ckpt.read_metadata(quantized.checkpoint)
-        hashes["checkpoint"] = folder_sha256(quantized.checkpoint)
-        hashes["training_plan"] = _json_sha256(meta.plan) if meta.plan else None
+        hashes["checkpoint"] = tree_sha256(quantized.checkpoint)
+        hashes["training_plan"] = json_sha256(meta.plan) if meta.plan else None
     if manifest is not None:
         hashes["dataset_manifest"] = manifest.content_hash()
         hashes["schema"] = manifest.schema_hash or None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -34,6 +34,7 @@ from ctrctl.data.batch import Batch
 from ctrctl.data.dataset import BatchLoader
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.errors import CheckpointError, DatasetError, OutputExistsError
+from ctrctl.io import remove_stale_temps, temp_path
 from ctrctl.training import model as model_io
 
 __all__ = ["PredictResult", "batch_inputs", "check_transforms", "load_model",
@@ -205,16 +206,16 @@ def _write_scores(out: Path, labels: list[np.ndarray], scores: list[np.ndarray],
     if labels:
         columns = {"label": pa.array(np.concatenate(labels).astype(np.int8)), **columns}
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    os.close(fd)
+    remove_stale_temps(out.parent)
+    tmp = temp_path(out)
     try:
-        pq.write_table(pa.table(columns), tmp)
+        pq.write_table(pa.table(columns), str(tmp))
         if out.exists() and not overwrite:
             raise OutputExistsError("the scores file already exists", where=str(out),
                                     hint="pass --overwrite to replace it")
         os.replace(tmp, out)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -272,10 +273,15 @@ def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
                            hint="score a preprocessed split with --dataset instead")
     started = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".predict-", dir=out.parent) as tmp:
-        staged = Path(tmp) / "dataset"
+    remove_stale_temps(out.parent)
+    scratch = temp_path(out)  # io's temp name: a killed run's is removed by the next one
+    scratch.mkdir()
+    try:
+        staged = scratch / "dataset"
         preprocess(None, [f"test={raw}"], staged, reuse_transforms=transforms,
                    on_bad_rows=on_bad_rows)  # type: ignore[arg-type]
         result = predict_dataset(model_dir, staged, "test", out, batch_size=batch_size,
                                  overwrite=overwrite, compile=compile)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return PredictResult(out, result.rows, time.perf_counter() - started, True)
