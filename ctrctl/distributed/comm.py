@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from ctrctl.errors import CtrctlError, DistributedError
-from ctrctl.modules.buffers import ReusableBuffer, reusable_empty
+from ctrctl.modules.native.buffers import ReusableBuffer, reusable_empty
 
 logger = logging.getLogger(__name__)
 
@@ -405,7 +405,7 @@ def start_jagged_all_to_all(
 # ---- output distribution buffers -------------------------------------------------------------
 class OutputDistBuffers:
     """The memory one output distribution reuses step after step (see
-    :mod:`ctrctl.modules.buffers`: fresh tens of MB cost tens of ms in page faults here).
+    :mod:`ctrctl.modules.native.buffers`: fresh tens of MB cost tens of ms in page faults here).
 
     One per call site (a sharding group's ``output_dist``): forward's receive buffer and
     output, backward's send buffer and gradient. Each is handed out again only when nothing

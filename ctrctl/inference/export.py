@@ -33,6 +33,7 @@ from ctrctl.inference import standalone
 from ctrctl.inference.quantize import QuantizedModel
 from ctrctl.inference.serving import ServingModel
 from ctrctl.io import file_sha256, json_sha256, staged_folder, tree_sha256, write_json_atomic
+from ctrctl.modules import native
 
 logger = logging.getLogger(__name__)
 
@@ -331,6 +332,7 @@ def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *
         recorded = ckpt.read_metadata(checkpoint).extra.get("dataset")
         dataset = Path(recorded) if recorded and Path(recorded).is_dir() else None
     with tracker.run("quantize") as run:
+        run.set_tags(native.log_report(logger).as_tags())
         quantized = quantize_checkpoint(checkpoint, config)
         if quantized.training_run_id:
             run.set_tags({"ctrctl.training_run_id": quantized.training_run_id})

@@ -52,6 +52,7 @@ from ctrctl.distributed.pipeline import (
 from ctrctl.distributed.types import ShardingPlan
 from ctrctl.errors import CheckpointError, ConfigError, OutputExistsError
 from ctrctl.io import write_json_atomic
+from ctrctl.modules import native
 from ctrctl.progress import Progress
 from ctrctl.tracking import Run, Tracker
 from ctrctl.training import model as model_io
@@ -658,6 +659,7 @@ def train(
             run.log_dict(config.to_dict(), "config.json")
         if rank == 0:
             logger.info("training: %s", trainer.describe())
+            run.set_tags(native.log_report(logger).as_tags())
             if trainer.total_steps < FEW_STEPS:
                 logger.warning(
                     "this run takes only %d optimizer steps: the model will barely train; "
