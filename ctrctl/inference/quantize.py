@@ -165,7 +165,7 @@ def quantize_checkpoint(checkpoint: str | Path, config: QuantizeConfig) -> Quant
         config: how to quantize and place it.
     """
     from ctrctl import checkpoint as ckpt
-    from ctrctl.inference.predictor import load_model
+    from ctrctl.models.scoring import load_model
 
     dlrm, manifest, train_config = load_model(checkpoint, "cpu")
     if not isinstance(dlrm, DLRM):

@@ -52,10 +52,10 @@ from ctrctl.distributed.pipeline import (
 from ctrctl.distributed.types import ShardingPlan
 from ctrctl.errors import CheckpointError, ConfigError, OutputExistsError
 from ctrctl.io import write_json_atomic
+from ctrctl.models import build as model_io
 from ctrctl.modules import native
 from ctrctl.progress import Progress
 from ctrctl.tracking import Run, Tracker
-from ctrctl.training import model as model_io
 from ctrctl.training.cache_report import WAIT_METRIC, cache_metrics, format_cache_report
 from ctrctl.training.early_stopping import EarlyStopping
 from ctrctl.training.optimizers import dense_optimizer

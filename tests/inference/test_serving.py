@@ -11,9 +11,10 @@ from ctrctl.compat import fbgemm_available
 from ctrctl.data.dataset import BatchLoader
 from ctrctl.errors import ConfigError, PlanError
 from ctrctl.inference.export import export_program
-from ctrctl.inference.predictor import batch_inputs, load_model
+from ctrctl.inference.predictor import batch_inputs
 from ctrctl.inference.quantize import QuantizeConfig, parse_per_table, quantize_checkpoint
 from ctrctl.inference.shard import ServingPlan, place_tables
+from ctrctl.models.scoring import load_model
 from ctrctl.modules.quant_embedding import QuantTableSpec
 
 from .conftest import Trained
