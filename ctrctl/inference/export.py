@@ -31,7 +31,7 @@ from ctrctl.data.transforms import STRING_HASH_SEED
 from ctrctl.errors import ConfigError, OutputExistsError
 from ctrctl.inference import standalone
 from ctrctl.inference.quantize import QuantizedModel
-from ctrctl.inference.serving import ServingModel
+from ctrctl.inference.sharded_dlrm import ShardedDLRM
 from ctrctl.io import file_sha256, json_sha256, staged_folder, tree_sha256, write_json_atomic
 from ctrctl.modules import native
 
@@ -47,7 +47,7 @@ def shard_file(shard: int) -> str:
     return f"tables/shard-{shard:05d}.safetensors"
 
 
-def example_inputs(model: ServingModel, batch: int = 3
+def example_inputs(model: ShardedDLRM, batch: int = 3
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A small valid request: (dense, ids, lengths) with one id per feature and sample."""
     num_sparse = len(model.input_features)
@@ -56,7 +56,7 @@ def example_inputs(model: ServingModel, batch: int = 3
     return dense, torch.zeros(num_sparse * batch, dtype=torch.int64), lengths
 
 
-def export_program(model: ServingModel) -> torch.export.ExportedProgram:
+def export_program(model: ShardedDLRM) -> torch.export.ExportedProgram:
     """``torch.export`` the serving model: non-strict, dynamic batch and id count.
 
     Raises:

@@ -80,7 +80,7 @@ def test_reduced_dense_stays_close_to_fp32(trained: Trained, dense_dtype: str) -
 
 
 def test_int8_linear_matches_its_definition() -> None:
-    from ctrctl.inference.serving import Int8DynamicLinear
+    from ctrctl.inference.sharded_dlrm import Int8DynamicLinear
 
     linear = torch.nn.Linear(24, 10)
     layer = Int8DynamicLinear(linear)
@@ -122,7 +122,7 @@ def test_bad_per_table_is_a_clear_error(trained: Trained) -> None:
 
 
 def test_bf16_interaction_is_the_interaction_on_bf16_inputs() -> None:
-    from ctrctl.inference.serving import bf16_dot_interaction
+    from ctrctl.inference.sharded_dlrm import bf16_dot_interaction
     from ctrctl.modules.interaction import DotInteraction
 
     interaction = DotInteraction(26, pad_to=8)
@@ -134,7 +134,7 @@ def test_bf16_interaction_is_the_interaction_on_bf16_inputs() -> None:
 
 
 def test_fused_linear_equals_linear_and_relu() -> None:
-    from ctrctl.inference.serving import FusedLinear, fused_linear_available
+    from ctrctl.inference.sharded_dlrm import FusedLinear, fused_linear_available
 
     if not fused_linear_available():
         pytest.skip("this torch has no oneDNN bfloat16 linear")
@@ -149,7 +149,7 @@ def test_fused_linear_equals_linear_and_relu() -> None:
 def test_bf16_serving_runs_fused_layers_and_exports_them(trained: Trained, tmp_path: Path
                                                          ) -> None:
     from ctrctl.inference.export import load_artifact, write_artifact
-    from ctrctl.inference.serving import FusedLinear, fused_linear_available
+    from ctrctl.inference.sharded_dlrm import FusedLinear, fused_linear_available
 
     if not fused_linear_available():
         pytest.skip("this torch has no oneDNN bfloat16 linear")
