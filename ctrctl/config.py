@@ -477,14 +477,21 @@ class QuantizeStepConfig(_Section):
     Attributes:
         enabled: run the quantize step (and so the registration of its model).
         dtype: the type of the embedding tables (``int8``, ``int4``, ``fp16`` ...).
+        per_table: table -> type, for tables that differ from ``dtype``.
         dense_dtype: the type of the dense layers (``fp32``, ``bf16``, ``int8``).
         num_shards: serving shards the tables are placed on.
+        device_memory_bytes: table memory per serving shard (unset: unlimited).
+        request_size: candidates per request, for the placement's costs (unset: the
+            quantizer's default).
     """
 
     enabled: bool = True
     dtype: str = "int8"
+    per_table: dict[str, str] = Field(default_factory=dict)
     dense_dtype: str = "fp32"
     num_shards: int = Field(default=1, ge=1)
+    device_memory_bytes: int | None = Field(default=None, ge=1)
+    request_size: int | None = Field(default=None, ge=1)
 
 
 class RegisterConfig(_Section):
