@@ -55,7 +55,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "distributed.planner": {"errors", "names", "io", "config", "data", "distributed"},
         # The plan step around the planner: tables from files, plan.json, tracking, and
         # calibration (which measures sharded modules on real processes).
-        "planning": _L4,
+        "planning": _L4 | {"training"},  # the batch size training will choose
         # Training validates with ``metrics``, never with ``evaluation``.
         # The model a pipeline config describes (built, its state, loaded for scoring):
         # what training, evaluation and quantization share.

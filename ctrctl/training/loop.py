@@ -36,7 +36,7 @@ from torch import nn
 
 from ctrctl import checkpoint as ckpt
 from ctrctl.compat import bf16_autocast_supported
-from ctrctl.config import FEW_STEPS, PipelineConfig, resolve_sizes
+from ctrctl.config import PipelineConfig
 from ctrctl.data.batch import Batch
 from ctrctl.data.dataset import BatchLoader, LoaderPosition
 from ctrctl.data.manifest import DatasetManifest
@@ -59,6 +59,7 @@ from ctrctl.tracking import Run, Tracker
 from ctrctl.training.cache_report import WAIT_METRIC, cache_metrics, format_cache_report
 from ctrctl.training.early_stopping import EarlyStopping
 from ctrctl.training.optimizers import dense_optimizer
+from ctrctl.training.sizes import FEW_STEPS, resolve_sizes
 
 __all__ = ["TrainResult", "evaluate_model", "resolve_device", "train"]
 
