@@ -34,7 +34,9 @@ def init_process_group(
     timeout: timedelta = DEFAULT_TIMEOUT,
     device: torch.device | str | None = None,
 ) -> ProcessGroup:
-    """Initialise the default process group from torchrun's environment, with a timeout.
+    """Initialise the default process group from torchrun's environment, with a timeout:
+    the one place ctrctl opens it (a torchrun worker goes through
+    :func:`ctrctl.distributed.launch.init_process_group`, which decides backend and timeout).
 
     Args:
         backend: ``gloo`` or ``nccl``; default from ``device``.
