@@ -18,15 +18,14 @@ OVERRIDES ?=
 RUN_ARGS ?=
 STEPS := synth preprocess plan train eval quantize register
 
-.PHONY: setup test test-slow test-all test-pipeline demo pipeline $(STEPS) lint bench bench-setup \
-	docs docs-setup docs-serve clean
+.PHONY: setup test test-nocc test-slow test-all test-pipeline demo pipeline $(STEPS) lint bench \
+	bench-setup docs docs-setup docs-serve clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py ctrctl/data/_fastparse.c ctrctl/modules/_embedding_kernel.c \
-		ctrctl/modules/_interaction_kernel.c ctrctl/modules/_interaction_loops.h \
-		ctrctl/modules/_dense_kernel.c ctrctl/modules/_dense_loops.h \
-		ctrctl/modules/_native_threads.h
+NATIVE_SOURCES := $(wildcard ctrctl/modules/native/*.c ctrctl/modules/native/*.h)
+
+$(STAMP): pyproject.toml setup.py ctrctl/data/_fastparse.c $(NATIVE_SOURCES)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev,$(FBGEMM_EXTRA)]"
@@ -35,6 +34,24 @@ $(STAMP): pyproject.toml setup.py ctrctl/data/_fastparse.c ctrctl/modules/_embed
 
 test: setup
 	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+# The fast suite as a machine without a C compiler installs it: a copy of the tree (tracked
+# and untracked files, none of the extensions built here) in its own venv, installed with
+# CC=/bin/false so that setup.py's optional extensions are skipped; ctrctl then runs its
+# library paths (torch, FBGEMM, polars). Fails if any extension got built there.
+NOCC_DIR ?= build/nocc
+test-nocc:
+	rm -rf $(NOCC_DIR) && mkdir -p $(NOCC_DIR)
+	git ls-files --cached --others --exclude-standard -z | grep -zv '^$(NOCC_DIR)/' \
+		| xargs -0 cp --parents -t $(NOCC_DIR)
+	cd $(NOCC_DIR) && $(PYTHON) -m venv .venv \
+		&& .venv/bin/python -m pip install --quiet --upgrade pip \
+		&& CC=/bin/false CXX=/bin/false .venv/bin/python -m pip install --quiet \
+			-e ".[dev,$(FBGEMM_EXTRA)]"
+	@if ls $(NOCC_DIR)/ctrctl/modules/native/*.so $(NOCC_DIR)/ctrctl/data/*.so 2>/dev/null; \
+		then echo "an extension was built with CC=/bin/false" >&2; exit 1; fi
+	cd $(NOCC_DIR) && .venv/bin/python -c "from ctrctl.modules import native; print(native.report())"
+	cd $(NOCC_DIR) && CC=/bin/false .venv/bin/python -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
 
 test-slow: setup
 	$(PY) -m pytest -m "slow and not gpu" $(PYTEST_ARGS)

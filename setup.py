@@ -1,19 +1,21 @@
 """Builds the optional native extensions; everything else is in pyproject.toml.
 
 * ``ctrctl.data._fastparse``: the fast path of ``ctrctl preprocess``;
-* ``ctrctl.modules._embedding_kernel``: the CPU embedding kernel (pooled lookup, fused
+* ``ctrctl.modules.native._embedding_kernel``: the CPU embedding kernel (pooled lookup, fused
   optimizer update). It includes no torch headers (tensors cross as addresses), so the
   build needs no torch in pip's isolated build environment.
-* ``ctrctl.modules._interaction_kernel``: DLRM's dot interaction on CPU, forward and backward
+* ``ctrctl.modules.native._interaction_kernel``: DLRM's dot interaction on CPU, forward and backward
   (the same conventions);
-* ``ctrctl.modules._dense_kernel``: a GEMM for the MLPs' linear layers on CPUs where torch's
+* ``ctrctl.modules.native._dense_kernel``: a GEMM for the MLPs' linear layers on CPUs where torch's
   float32 matmul is slow (AMD's), bias and ReLU fused (the same conventions).
 
 All are optional: where no C compiler is available the build skips them and ctrctl runs
 on its polars path, its plain-torch or FBGEMM embedding kernels and torch's interaction.
 The three kernels are built with OpenMP where the compiler has it (their threads are then
 torch's own OpenMP threads: libgomp.so.1 is the library torch loads), with pthreads where it
-does not.
+does not. ``ctrctl.modules.native.report()`` says which were built and which run.
+Set ``CC=/bin/false`` (as ``make test-nocc`` does) to install as a machine without a C
+compiler would.
 """
 
 from setuptools import Extension, setup
@@ -38,14 +40,14 @@ class BuildExt(build_ext):
 
 
 def kernel(name: str, flags: list[str], headers: tuple[str, ...] = ()) -> Extension:
-    """One of the native kernels in ctrctl/modules: optional, OpenMP where the compiler has
+    """One of the native kernels in ctrctl/modules/native: optional, OpenMP where the compiler has
     it (pthreads otherwise), rebuilt when the thread runner or its loop headers change."""
     return Extension(
-        f"ctrctl.modules.{name}",
-        sources=[f"ctrctl/modules/{name}.c"],
+        f"ctrctl.modules.native.{name}",
+        sources=[f"ctrctl/modules/native/{name}.c"],
         extra_compile_args=["-O3", *flags, "-pthread", OPENMP],
         extra_link_args=["-pthread", OPENMP],
-        depends=[f"ctrctl/modules/{h}" for h in ("_native_threads.h", *headers)],
+        depends=[f"ctrctl/modules/native/{h}" for h in ("_native_threads.h", *headers)],
         optional=True,
     )
 

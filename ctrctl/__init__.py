@@ -55,8 +55,8 @@ _EXPORTS: dict[str, str] = {
     "Topology": "ctrctl.distributed.planner",
     # training, evaluation
     "train": "ctrctl.training.loop",
-    "load_model": "ctrctl.inference.predictor",
-    "predict_split": "ctrctl.inference.predictor",
+    "load_model": "ctrctl.models.scoring",
+    "predict_split": "ctrctl.models.scoring",
     "evaluate": "ctrctl.evaluation",
     # metrics (torchmetrics Metrics, usable in any training loop)
     "CTRMetrics": "ctrctl.metrics",

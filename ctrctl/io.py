@@ -15,6 +15,10 @@ Every file a user names (schema, config, plan, topology, tables, manifest) is re
 output a command takes is checked by :func:`check_output_location` before any work starts and
 held with :func:`output_lock` (an ``flock`` beside it) while the command writes it.
 
+Content hashes are made here too, one way each: a file's bytes (:func:`file_sha256`), a
+folder's files (:func:`tree_sha256`: each file's relative path, size and sha256, in path
+order) and settings or metadata as canonical JSON (:func:`json_sha256`).
+
 Example:
     >>> with staged_folder(Path("eval-out"), overwrite=False) as staging:
     ...     write_json_atomic(staging / "metrics.json", {"auc": 0.8})
@@ -27,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -36,7 +41,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -56,7 +61,9 @@ __all__ = [
     "LockHolder",
     "check_destination",
     "check_output_location",
+    "file_sha256",
     "inside",
+    "json_sha256",
     "lock_path",
     "output_lock",
     "path_name_problem",
@@ -68,6 +75,8 @@ __all__ = [
     "stage_folder",
     "staged_folder",
     "temp_path",
+    "tree_files",
+    "tree_sha256",
     "write_json_atomic",
     "write_failure",
     "write_text_atomic",
@@ -213,6 +222,60 @@ def staged_folder(final: str | Path, *, overwrite: bool = False) -> Iterator[Pat
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+# ---- content hashes ----------------------------------------------------------------------
+#: Files a folder's hash never counts: lock files (held beside outputs, not content).
+_UNHASHED_SUFFIXES = (".lock",)
+
+
+def file_sha256(path: str | Path) -> str:
+    """The hex sha256 of a file's bytes, as stored (a ``.gz`` hashes as its compressed
+    bytes). The artifact's standalone loader keeps its own copy of this function (it runs
+    without ctrctl); ``tests/test_io.py`` checks that the two agree."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def tree_files(path: str | Path) -> list[Path]:
+    """The files :func:`tree_sha256` counts under ``path`` (``path`` itself for a file), in
+    path order: every regular file but lock files and anything under a ``.tmp*`` name."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*") if p.is_file()
+                  and not p.name.endswith(_UNHASHED_SUFFIXES)
+                  and not any(part.startswith(".tmp") for part in p.relative_to(path).parts))
+
+
+def tree_sha256(path: str | Path, files: Iterable[Path] | None = None,
+                file_hash: Callable[[Path], str] = file_sha256) -> str:
+    """The hex sha256 of a folder (or one file): each file's path relative to the folder,
+    its size and its sha256, one line each, in path order, so a rename, a new file or one
+    changed byte changes it. What anyone can recompute from the files alone.
+
+    Args:
+        path: a folder, or a file (then hashed with its name, relative to its parent).
+        files: the files to count (default: :func:`tree_files`), e.g. one split's.
+        file_hash: how to hash one file (a cache's lookup; default :func:`file_sha256`).
+
+    Example:
+        >>> tree_sha256(Path("runs/a/checkpoint"))  # doctest: +SKIP
+        '3f1c...'
+    """
+    path = Path(path)
+    digest = hashlib.sha256()
+    base = path if path.is_dir() else path.parent
+    for item in sorted(files) if files is not None else tree_files(path):
+        rel = item.relative_to(base).as_posix()
+        digest.update(f"{rel}\0{item.stat().st_size}\0{file_hash(item)}\n".encode())
+    return digest.hexdigest()
+
+
+def json_sha256(data: Any) -> str:
+    """The hex sha256 of ``data`` as canonical JSON (sorted keys; values JSON does not know
+    as ``str``): the same settings or metadata hash the same whatever their order."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _umask() -> int:

@@ -14,9 +14,9 @@ from ctrctl.config import (
     defaults_path,
     load_config,
     parse_config,
-    resolve_sizes,
 )
 from ctrctl.errors import ConfigError
+from ctrctl.training.sizes import resolve_sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINES = sorted((ROOT / "pipelines").glob("*.yaml"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -13,11 +14,15 @@ import pytest
 
 from ctrctl.errors import DatasetError, FormatError, OutputExistsError
 from ctrctl.io import (
+    file_sha256,
+    json_sha256,
     read_json_file,
     remove_stale_temps,
     stage_folder,
     staged_folder,
     temp_path,
+    tree_files,
+    tree_sha256,
     write_json_atomic,
 )
 
@@ -160,3 +165,55 @@ def test_read_json_file_names_the_file_and_the_line(tmp_path: Path) -> None:
     assert str(path) in info.value.render()
     path.write_text('{"a": [1, 2]}')
     assert read_json_file(path) == {"a": [1, 2]}
+
+
+# ---- content hashes ----------------------------------------------------------------------
+def test_the_standalone_loader_hashes_files_as_io_does(tmp_path: Path) -> None:
+    """The artifact's loader keeps its own copy of the file hash (it runs without ctrctl)."""
+    from ctrctl.inference import standalone
+
+    sizes = [0, 1, (1 << 20) - 1, 1 << 20, (1 << 20) + 7]  # around the loader's read size
+    for size in sizes:
+        path = tmp_path / f"f{size}"
+        path.write_bytes(os.urandom(size))
+        assert standalone.sha256_file(str(path)) == file_sha256(path)
+    assert file_sha256(tmp_path / "f0") == hashlib.sha256(b"").hexdigest()
+
+
+def test_tree_sha256_counts_names_sizes_and_bytes(tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    (folder / "tables").mkdir(parents=True)
+    (folder / "a.bin").write_bytes(b"abc")
+    (folder / "tables" / "b.bin").write_bytes(b"xyz")
+    expected = hashlib.sha256()
+    for rel, data in (("a.bin", b"abc"), ("tables/b.bin", b"xyz")):
+        expected.update(f"{rel}\0{len(data)}\0{hashlib.sha256(data).hexdigest()}\n".encode())
+    before = tree_sha256(folder)
+    assert before == expected.hexdigest()
+    # Locks and staging entries are not content.
+    (folder / ".out.lock").write_text("{}")
+    (folder / ".tmp-x").mkdir()
+    (folder / ".tmp-x" / "c").write_text("c")
+    assert tree_sha256(folder) == before
+    assert tree_files(folder) == [folder / "a.bin", folder / "tables" / "b.bin"]
+    # A rename changes it, so does one byte.
+    (folder / "tables" / "b.bin").rename(folder / "tables" / "c.bin")
+    renamed = tree_sha256(folder)
+    assert renamed != before
+    (folder / "a.bin").write_bytes(b"abd")
+    assert tree_sha256(folder) not in (before, renamed)
+    # A file hashes with its name; a cache's lookup is used when given.
+    seen: list[Path] = []
+
+    def lookup(path: Path) -> str:
+        seen.append(path)
+        return file_sha256(path)
+
+    assert tree_sha256(folder / "a.bin", file_hash=lookup) == tree_sha256(folder / "a.bin")
+    assert seen == [folder / "a.bin"]
+
+
+def test_json_sha256_ignores_key_order() -> None:
+    assert json_sha256({"a": 1, "b": [1, 2]}) == json_sha256({"b": [1, 2], "a": 1})
+    assert json_sha256({"a": 1}) != json_sha256({"a": 2})
+    assert json_sha256({"p": Path("x")}) == json_sha256({"p": "x"})

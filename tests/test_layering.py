@@ -27,7 +27,8 @@ _L1 = {"errors", "compat", "names", "io", "progress"}
 _L2 = _L1 | {"config", "sparse", "metrics"}
 _L3 = _L2 | {"tracking", "data", "modules", "checkpoint"}
 _L4 = _L3 | {"distributed", "distributed.planner"}
-_LIBRARY = _L4 | {"planning", "training", "inference", "evaluation"}
+_L5 = _L4 | {"models"}
+_LIBRARY = _L5 | {"planning", "training", "inference", "evaluation"}
 
 #: package -> the packages it may import (besides itself). A package missing here fails the
 #: test: a new package takes its place in this table and in the Layout section of docs/architecture.md.
@@ -54,11 +55,15 @@ ALLOWED: dict[str, frozenset[str]] = {
         "distributed.planner": {"errors", "names", "io", "config", "data", "distributed"},
         # The plan step around the planner: tables from files, plan.json, tracking, and
         # calibration (which measures sharded modules on real processes).
-        "planning": _L4,
+        "planning": _L4 | {"training"},  # the batch size training will choose
         # Training validates with ``metrics``, never with ``evaluation``.
-        "training": _L4,
-        "inference": _L4 | {"training"},
-        "evaluation": _L4 | {"training", "inference"},
+        # The model a pipeline config describes (built, its state, loaded for scoring):
+        # what training, evaluation and quantization share.
+        "models": _L4,
+        "training": _L5,
+        # Serving needs nothing from the training loop.
+        "inference": _L5,
+        "evaluation": _L5 | {"training", "inference"},
         # The runner calls every step's library in process; only the CLI imports it.
         "runner": _LIBRARY,
         "cli": _LIBRARY | {"runner"},
@@ -243,7 +248,7 @@ def test_the_graph_is_real(graph: Graph) -> None:
     # Known edges, module-level and function-level, are seen.
     pairs = {(e.source, e.target) for e in graph.edges}
     assert ("ctrctl.distributed.checkpoint", "ctrctl.checkpoint") in pairs
-    assert ("ctrctl.training.loop", "ctrctl.metrics.streaming") in pairs  # inside evaluate_model
+    assert ("ctrctl.training.validation", "ctrctl.metrics.streaming") in pairs  # in a function
     assert ("ctrctl", "ctrctl.training.loop") in pairs  # a lazy re-export of the API
     assert graph.unknown == []
 
@@ -261,6 +266,17 @@ def test_no_package_cycles(graph: Graph) -> None:
 
 def test_every_import_is_allowed(graph: Graph) -> None:
     assert violations(graph.edges, ALLOWED) == []
+
+
+def test_inference_imports_nothing_from_training(graph: Graph) -> None:
+    """Serving (quantize, export, predict from an artifact) does not depend on the training
+    loop: the model it starts from comes from :mod:`ctrctl.models`."""
+    bad = [f"{e.source}:{e.line} imports {e.target}" for e in graph.edges
+           if package_of(e.source) == "inference" and package_of(e.target) == "training"]
+    assert bad == []
+    assert "training" not in ALLOWED["inference"]
+    assert ("ctrctl.inference.quantize", "ctrctl.models.scoring") in {
+        (e.source, e.target) for e in graph.edges}
 
 
 def test_no_library_module_imports_testing_or_cli(graph: Graph) -> None:

@@ -339,6 +339,17 @@ def latest_checkpoint(checkpoints: str | Path) -> Path | None:
     return path
 
 
+def prune_checkpoints(folder: Path, keep: int) -> None:
+    """Remove all but the newest ``keep`` step folders (0: keep all); never ``latest``."""
+    if keep <= 0 or not folder.is_dir():
+        return
+    latest = latest_checkpoint(folder)
+    steps = sorted(p for p in folder.glob("step-*") if p.is_dir())
+    for old in steps[:-keep]:
+        if latest is None or old.name != latest.name:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A step folder from a step folder, a ``checkpoints`` folder or a training output folder.
 

@@ -17,12 +17,12 @@ Example:
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ctrctl.errors import CheckpointError
+from ctrctl.io import file_sha256
 
 _HINT = "the checkpoint is damaged or incomplete: resume from an earlier step or retrain"
 
@@ -30,17 +30,14 @@ _HINT = "the checkpoint is damaged or incomplete: resume from an earlier step or
 def file_record(folder: Path, rel: str) -> dict[str, Any]:
     """``{"bytes", "sha256"}`` of ``folder / rel``."""
     path = folder / rel
-    with path.open("rb") as handle:
-        digest = hashlib.file_digest(handle, "sha256").hexdigest()
-    return {"bytes": path.stat().st_size, "sha256": digest}
+    return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
 
 
 @functools.lru_cache(maxsize=4096)
 def _digest(path: str, size: int, mtime_ns: int) -> str:
     """sha256 of a file, once per (path, size, modification time): a checkpoint loaded by
     several calls (tables, dense state, trainer state) is hashed once."""
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+    return file_sha256(path)
 
 
 def verify_file(folder: Path, rel: str, files: Mapping[str, Mapping[str, Any]]) -> Path:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -106,7 +105,6 @@ def eval_command(
     experiment: Experiment = "ctrctl",
 ) -> None:
     """Evaluate a checkpoint (or a predictions file) on a dataset split."""
-    from ctrctl.distributed.launch import close_process_group, init_process_group
     from ctrctl.evaluation import launch as dist_launch
     from ctrctl.evaluation.evaluate import evaluate, gates_from_output
     from ctrctl.evaluation.gates import parse_gates, raise_for_failures
@@ -118,62 +116,46 @@ def eval_command(
         from ctrctl.evaluation.gates import gates_from_mapping
 
         gate = [str(g) for g in gates_from_mapping(load_config(config).eval.gates)]
-    child = bool(os.environ.get(dist_launch.CHILD_ENV))  # the launcher holds the lock
-    with locked(None if child else out, "eval"):
+    with locked(out, "eval"):
         if dist_launch.needs_launch(nproc_per_node):
             check_destination(out, overwrite)
-            code = dist_launch.launch_eval(_child_args(locals()), nproc_per_node)
+            spec = dist_launch.EvalSpec(
+                out=str(out), checkpoint=_text(checkpoint), dataset=_text(dataset),
+                predictions=_text(predictions), split=split, segment_by=tuple(segment_by or ()),
+                gates=tuple(gate or ()), save_predictions=save_predictions,
+                keep=_keep(keep), baselines=not no_baselines, overwrite=overwrite,
+                batch_size=batch_size, num_bins=num_bins, exact_limit=exact_limit,
+                ece_bins=ece_bins, track=not no_track, tracking_uri=tracking_uri,
+                experiment=experiment)
+            code = dist_launch.launch_eval(spec, nproc_per_node)
             gates_from_output(out, code)  # raises GateError / DistributedError
             metrics = json.loads((out / "metrics.json").read_text())
             _summary(metrics, {})
             if as_json:
                 stdout.print_json(data=metrics)
             return
-        distributed = init_process_group()
-        rank = int(os.environ.get("RANK", "0")) if distributed else 0
-        completed = False
-        try:
-            result = evaluate(
-                out, checkpoint=checkpoint, dataset=dataset, predictions=predictions, split=split,
-                segment_by=segment_by or (), gates=gate or (), save_predictions=save_predictions,
-                keep=tuple(k.strip() for k in keep.split(",") if k.strip()) if keep else (),
-                baselines=not no_baselines, overwrite=overwrite, batch_size=batch_size,
-                num_bins=num_bins, exact_limit=exact_limit, ece_bins=ece_bins,
-                progress=make_progress() if rank == 0 else None,
-                tracker=tracker_from(no_track or rank != 0, tracking_uri, experiment),
-                gates_raise=False,
-            )
-            completed = True
-        finally:
-            if distributed:
-                close_process_group(synchronize=completed)
-        if os.environ.get(dist_launch.CHILD_ENV):
-            return  # the launching process reports, from gates.json
-        if rank == 0:
-            _summary(result.metrics, result.segments)
-            for g in result.gates:
-                console.print(f"[{'green' if g.passed else 'red'}]gate[/] {g.describe()}")
-            if as_json:
-                stdout.print_json(data=result.metrics)
+        result = evaluate(
+            out, checkpoint=checkpoint, dataset=dataset, predictions=predictions, split=split,
+            segment_by=segment_by or (), gates=gate or (), save_predictions=save_predictions,
+            keep=_keep(keep), baselines=not no_baselines, overwrite=overwrite,
+            batch_size=batch_size, num_bins=num_bins, exact_limit=exact_limit,
+            ece_bins=ece_bins, progress=make_progress(),
+            tracker=tracker_from(no_track, tracking_uri, experiment), gates_raise=False,
+        )
+        _summary(result.metrics, result.segments)
+        for g in result.gates:
+            console.print(f"[{'green' if g.passed else 'red'}]gate[/] {g.describe()}")
+        if as_json:
+            stdout.print_json(data=result.metrics)
         raise_for_failures(result.gates)
 
 
-def _child_args(values: dict[str, Any]) -> list[str]:
-    """The same command for each torchrun child, without --nproc-per-node."""
-    args = ["eval", "--out", str(values["out"]), "--split", values["split"],
-            "--batch-size", str(values["batch_size"]), "--num-bins", str(values["num_bins"]),
-            "--exact-limit", str(values["exact_limit"]), "--ece-bins", str(values["ece_bins"]),
-            "--experiment", values["experiment"]]
-    for name in ("checkpoint", "dataset", "predictions", "tracking_uri", "keep"):
-        if values[name] is not None:
-            args += [f"--{name.replace('_', '-')}", str(values[name])]
-    for name in ("segment_by", "gate"):
-        for item in values[name] or []:
-            args += [f"--{name.replace('_', '-')}", item]
-    for name in ("save_predictions", "no_baselines", "overwrite", "no_track"):
-        if values[name]:
-            args.append(f"--{name.replace('_', '-')}")
-    return args
+def _text(path: Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+def _keep(keep: str | None) -> tuple[str, ...]:
+    return tuple(k.strip() for k in keep.split(",") if k.strip()) if keep else ()
 
 
 def register(app: typer.Typer) -> None:

@@ -19,14 +19,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ctrctl.errors import DatasetError, FormatError
-from ctrctl.io import inside, path_name_problem, read_json_file, write_json_atomic
+from ctrctl.io import inside, json_sha256, path_name_problem, read_json_file, write_json_atomic
 
 FORMAT = "ctrctl.dataset"
 FORMAT_VERSION = 1
@@ -123,8 +121,7 @@ class DatasetManifest:
 
     def content_hash(self) -> str:
         """A hash of the manifest's content (what later artifacts record as their dataset)."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
-        return hashlib.sha256(blob).hexdigest()
+        return json_sha256(self.to_dict())
 
     def save(self, folder: str | Path) -> Path:
         """Write ``folder/manifest.json`` atomically."""

@@ -25,25 +25,22 @@ import shutil
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
 import polars as pl
 
-from ctrctl.data.fastpath import SUMMARY, SplitRule, SplitSummary, fast_layout, stream_fast
+from ctrctl.data.fastpath import SUMMARY, SplitSummary, fast_layout, stream_fast
 from ctrctl.data.guards import carve_plan, check_skipped
+from ctrctl.data.jobs import _Job, _parse_ratio, _plan_jobs, _Target
 from ctrctl.data.manifest import DatasetManifest, SplitInfo
 from ctrctl.data.readers import (
     SPLIT_NAMES,
     InputSource,
-    ScannedInput,
-    day_of,
-    file_digest,
     parse_input,
     reading,
-    scan_input,
 )
 from ctrctl.data.schema import Schema, load_schema
 from ctrctl.data.stats import EXACT_CARDINALITY_ROWS, dataset_features, locate_bad_row
@@ -53,7 +50,6 @@ from ctrctl.data.transforms import (
     ROW,
     SPLIT,
     parsed_columns,
-    random_unit,
     sparse_kinds,
 )
 from ctrctl.data.vocab import (
@@ -65,7 +61,13 @@ from ctrctl.data.vocab import (
     save_vocabs,
 )
 from ctrctl.errors import ConfigError, InputDataError
-from ctrctl.io import check_destination, refuse_output_over_inputs, staged_folder, writing
+from ctrctl.io import (
+    check_destination,
+    file_sha256,
+    refuse_output_over_inputs,
+    staged_folder,
+    writing,
+)
 from ctrctl.progress import Progress
 from ctrctl.tracking import Tracker
 
@@ -86,84 +88,6 @@ COMPRESSION: Literal["lz4"] = "lz4"
 CSV_CHUNK_BYTES = 4 << 20
 
 
-@dataclass
-class _Target:
-    """One Parquet part: rows of one input going to one split."""
-
-    split: str
-    path: Path
-
-
-@dataclass
-class _Job:
-    source: InputSource
-    index: int
-    scan: ScannedInput
-    targets: list[_Target] = field(default_factory=list)
-    split_expr: pl.Expr | None = None
-    #: The same rule in plain terms, for the native fast path (``ctrctl.data.fastpath``).
-    split_rule: SplitRule | None = None
-
-
-def _parse_ratio(text: str | Sequence[float] | None) -> tuple[float, float, float] | None:
-    if text is None:
-        return None
-    try:
-        values = [float(v) for v in (text.split(",") if isinstance(text, str) else text)]
-    except ValueError as exc:
-        raise ConfigError(f"--split-ratio {text!r} is not three numbers",
-                          hint="e.g. --split-ratio 0.8,0.1,0.1") from exc
-    if len(values) != 3 or min(values) < 0 or abs(sum(values) - 1.0) > 1e-6:
-        raise ConfigError(f"--split-ratio {text!r} must be three non-negative numbers summing to 1",
-                          hint="e.g. --split-ratio 0.8,0.1,0.1")
-    return values[0], values[1], values[2]
-
-
-def _plan_jobs(
-    schema: Schema,
-    sources: list[InputSource],
-    ratio: tuple[float, float, float] | None,
-    seed: int,
-    split_by_day: bool,
-    val_fraction: float = 0.0,
-) -> list[_Job]:
-    jobs = [_Job(s, i, scan_input(schema, s.path)) for i, s in enumerate(sources)]
-    carve = carve_plan(sources, ratio, split_by_day, val_fraction)
-    last_day = max(day_of(s.path) for s in sources) if split_by_day else None
-    for job in jobs:
-        source = job.source
-        if split_by_day:
-            if source.split is not None:
-                raise ConfigError("--split-by-day takes inputs without a split name",
-                                  where=f"{source.split}={source.path}")
-            if day_of(source.path) == last_day:
-                # The last day is halved in file order: first half val, second half test.
-                with reading(source.path):
-                    rows = job.scan.frame.select(pl.len()).collect(engine="streaming").item()
-                job.split_expr = pl.when(pl.col(ROW) < rows // 2).then(pl.lit("val"))
-                job.split_expr = job.split_expr.otherwise(pl.lit("test"))
-                job.split_rule = ("halves", rows // 2)
-            else:
-                job.split_expr = pl.lit("train")
-                job.split_rule = ("literal", "train")
-        elif source.split is None and ratio is not None:
-            u = random_unit(pl.col(ROW), job.index, seed)
-            job.split_expr = (
-                pl.when(u < ratio[0]).then(pl.lit("train"))
-                .when(u < ratio[0] + ratio[1]).then(pl.lit("val"))
-                .otherwise(pl.lit("test"))
-            )
-            job.split_rule = ("ratio", (ratio[0], ratio[1]), job.index, seed)
-        elif carve and source.split in (None, "train"):
-            # A seeded random share of the training rows becomes the validation split.
-            u = random_unit(pl.col(ROW), job.index, seed)
-            job.split_expr = pl.when(u < 1.0 - val_fraction).then(pl.lit("train")).otherwise(
-                pl.lit("val"))
-            job.split_rule = ("ratio", (1.0 - val_fraction, val_fraction), job.index, seed)
-        else:
-            job.split_expr = pl.lit(source.split or "train")
-            job.split_rule = ("literal", source.split or "train")
-    return jobs
 
 
 def preprocess(
@@ -313,7 +237,7 @@ def _run(
         vocabs = load_vocabs(Path(followed_dir or "."), vocab_features)
     # Input hashes are computed beside the parse (hashlib releases the GIL).
     hasher = ThreadPoolExecutor(max_workers=1)
-    digests = {s.path: hasher.submit(file_digest, s.path) for s in sources}
+    digests = {s.path: hasher.submit(file_sha256, s.path) for s in sources}
     hasher.shutdown(wait=False)
     jobs = _plan_jobs(schema, sources, ratio, seed, split_by_day, val_fraction)
     stage_dir = temp / "_staged" if staged else temp

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import hashlib
 import re
 import zlib
 from collections.abc import Iterator
@@ -99,12 +98,6 @@ def check_file(path: Path) -> None:
         raise InputDataError("input is not a regular file", where=str(path))
     if path.stat().st_size == 0:
         raise InputDataError("input file is empty", where=str(path))
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of the file's bytes, as stored (compressed bytes for a .gz)."""
-    with path.open("rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def is_gzip(path: Path) -> bool:

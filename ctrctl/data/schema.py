@@ -48,8 +48,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,7 +55,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from ctrctl.errors import SchemaError
-from ctrctl.io import path_name_problem, read_text
+from ctrctl.io import json_sha256, path_name_problem, read_text
 
 Role = Literal["label", "dense", "sparse", "ignore"]
 DerivedFeature = Literal["hour_of_day", "weekday", "day"]
@@ -273,8 +271,7 @@ class Schema(_Frozen):
 
     def content_hash(self) -> str:
         """sha256 of the schema's canonical JSON (independent of YAML layout and comments)."""
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()
+        return json_sha256(self.to_dict())
 
     def with_vocab(self, min_count: int) -> Schema:
         """The same schema with every sparse column in vocabulary mode (``min_count``)."""

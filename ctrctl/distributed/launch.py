@@ -244,12 +244,18 @@ def init_process_group(device: str = "auto", timeout_s: float | None = None) -> 
         True when this process is one rank of several (the group is open), False when it runs
         alone (no ``WORLD_SIZE`` above 1: nothing is opened).
 
+    The group itself is opened by :func:`ctrctl.distributed.comm.init_process_group` (the
+    one call of ``torch.distributed.init_process_group``); this function is the policy of a
+    torchrun worker around it.
+
     Raises:
         DistributedError: when the group cannot be formed, naming the rank.
     """
     die_with_launcher()
     import torch
     import torch.distributed as dist
+
+    from ctrctl.distributed.comm import groups
 
     if dist.is_initialized():
         return True
@@ -260,8 +266,8 @@ def init_process_group(device: str = "auto", timeout_s: float | None = None) -> 
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     timeout = timeout_s or float(os.environ.get("CTRCTL_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S))
     try:
-        dist.init_process_group("nccl" if use_cuda else "gloo",
-                                timeout=timedelta(seconds=timeout))
+        groups.init_process_group("nccl" if use_cuda else "gloo",
+                                  timeout=timedelta(seconds=timeout))
     except Exception as exc:  # noqa: BLE001 - reported with the rank
         raise DistributedError(f"could not join the process group: {exc}",
                                where=f"rank {os.environ.get('RANK', '?')}",

@@ -69,7 +69,8 @@ def _worker(
     faulthandler.enable(file=log, all_threads=True)
 
     import torch
-    import torch.distributed as dist
+
+    from ctrctl.distributed.comm.groups import init_process_group
 
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -81,9 +82,8 @@ def _worker(
     )
     torch.set_num_threads(1)
     try:
-        dist.init_process_group(
-            backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
-        )
+        # rank and world size from the environment set above
+        init_process_group(backend, timeout=timedelta(seconds=timeout_s))
         value = fn(rank, world_size, *args, **kwargs)
         results[rank] = ("ok", value)
     except BaseException as exc:  # report everything, then fail this process

@@ -4,7 +4,7 @@ Both give the same thing, an iterator of :class:`ScoreBatch` (labels, scores, op
 weights, and the values of any features asked for, e.g. the segment feature), for one rank's
 share of the rows. Rank ``r`` of ``W`` takes rows ``[r*N//W, (r+1)*N//W)`` of the split in
 file order, as the dataset loader's scoring mode does, so feature columns read here line up
-with the scores ``ctrctl.inference.predictor.predict_split`` yields.
+with the scores ``ctrctl.models.scoring.predict_split`` yields.
 
 A predictions file is Parquet with columns ``label`` and ``score`` (and optionally ``weight``
 and feature columns), as ``ctrctl eval --save-predictions`` writes it.
@@ -235,7 +235,7 @@ def checkpoint_scores(
     Raises:
         CheckpointError / DatasetError: from loading the model or the data.
     """
-    from ctrctl.inference.predictor import predict_split
+    from ctrctl.models.scoring import predict_split
 
     dataset = Path(dataset)
     manifest = DatasetManifest.load(dataset)

@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from ctrctl.data.dataset import BatchLoader
-from ctrctl.inference.predictor import batch_inputs, load_model
+from ctrctl.inference.predictor import batch_inputs
 from ctrctl.inference.quantize import QuantizeConfig, quantize_checkpoint
 from ctrctl.metrics.functional import log_loss, roc_auc
+from ctrctl.models.scoring import load_model
 
 
 def dtype_accuracy(checkpoint: str | Path, dataset: str | Path,

@@ -16,12 +16,10 @@ Example:
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,8 +34,17 @@ from ctrctl.data.transforms import STRING_HASH_SEED
 from ctrctl.errors import CheckpointError, ConfigError, DatasetError, OutputExistsError
 from ctrctl.inference import standalone
 from ctrctl.inference.quantize import QuantizedModel
-from ctrctl.inference.serving import ServingModel
-from ctrctl.io import refuse_output_over_inputs, write_json_atomic, writing
+from ctrctl.inference.sharded_dlrm import ShardedDLRM
+from ctrctl.io import (
+    file_sha256,
+    json_sha256,
+    refuse_output_over_inputs,
+    staged_folder,
+    tree_sha256,
+    write_json_atomic,
+    writing,
+)
+from ctrctl.modules import native
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +58,7 @@ def shard_file(shard: int) -> str:
     return f"tables/shard-{shard:05d}.safetensors"
 
 
-def example_inputs(model: ServingModel, batch: int = 3
+def example_inputs(model: ShardedDLRM, batch: int = 3
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A small valid request: (dense, ids, lengths) with one id per feature and sample."""
     num_sparse = len(model.input_features)
@@ -60,7 +67,7 @@ def example_inputs(model: ServingModel, batch: int = 3
     return dense, torch.zeros(num_sparse * batch, dtype=torch.int64), lengths
 
 
-def export_program(model: ServingModel) -> torch.export.ExportedProgram:
+def export_program(model: ShardedDLRM) -> torch.export.ExportedProgram:
     """``torch.export`` the serving model: non-strict, dynamic batch and id count.
 
     Raises:
@@ -91,24 +98,6 @@ def _stripped_copy(program: torch.export.ExportedProgram) -> dict[str, torch.Ten
                                     if isinstance(value, nn.Parameter) else empty)
     program.example_inputs = None  # type: ignore[assignment]
     return state
-
-
-def file_sha256(path: str | Path) -> str:
-    return standalone.sha256_file(str(path))
-
-
-def folder_sha256(folder: str | Path) -> str:
-    """A hash of a folder: its files' relative paths and contents, in sorted order."""
-    folder = Path(folder)
-    digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(folder)).encode() + b"\0")
-        digest.update(file_sha256(path).encode() + b"\n")
-    return digest.hexdigest()
-
-
-def _json_sha256(data: Any) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def input_contract(manifest: DatasetManifest, order: list[str],
@@ -226,9 +215,9 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
     model = quantized.model
     program = export_program(model)
     state = _stripped_copy(program)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    # Staged beside ``out`` under io's temp name (a killed export's folder is cleaned up by
+    # the next write there); an old artifact is replaced only once the new one is verified.
+    with staged_folder(out, overwrite=overwrite) as stage:
         files: dict[str, dict[str, Any]] = {}
         groups: dict[str, dict[str, torch.Tensor]] = {DENSE_FILE: {}}
         for name, tensor in state.items():
@@ -272,12 +261,6 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
             standalone.sign(str(stage), key)
         standalone.verify(str(stage), verify_key=key)
         readable_by_others(stage)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(stage, out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
     logger.info("serving artifact written: %s", out)
     return out
 
@@ -318,8 +301,8 @@ def _manifest(quantized: QuantizedModel, program: torch.export.ExportedProgram,
         from ctrctl import checkpoint as ckpt
 
         meta = ckpt.read_metadata(quantized.checkpoint)
-        hashes["checkpoint"] = folder_sha256(quantized.checkpoint)
-        hashes["training_plan"] = _json_sha256(meta.plan) if meta.plan else None
+        hashes["checkpoint"] = tree_sha256(quantized.checkpoint)
+        hashes["training_plan"] = json_sha256(meta.plan) if meta.plan else None
     if manifest is not None:
         hashes["dataset_manifest"] = manifest.content_hash()
         hashes["schema"] = manifest.schema_hash or None
@@ -438,6 +421,7 @@ def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *
         dataset = Path(recorded) if recorded and Path(recorded).is_dir() else None
     _check_vocabularies(meta.extra.get("manifest") or {}, dataset, meta.extra.get("dataset"))
     with tracker.run("quantize") as run:
+        run.set_tags(native.log_report(logger).as_tags())
         with _still_there(step):
             quantized = quantize_checkpoint(step, config)
         if quantized.training_run_id:

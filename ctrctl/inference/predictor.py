@@ -1,15 +1,12 @@
-"""Scores: from a trained checkpoint, or from a serving artifact (``ctrctl predict``).
+"""Scores from a serving artifact (``ctrctl predict``).
 
-A checkpoint scores a dataset split in file order (:func:`predict_split`, what ``ctrctl
-eval`` uses). A serving artifact (``ctrctl quantize`` output) scores a preprocessed split
+(A trained checkpoint scores a split with :func:`ctrctl.models.scoring.predict_split`, what
+``ctrctl eval`` uses.) A serving artifact (``ctrctl quantize`` output) scores a preprocessed split
 whose transforms are the model's (:func:`predict_dataset`) or raw logs, which go through
 the same transforms first (:func:`predict_raw`); scores are written with labels as a
 predictions Parquet file (``label``, ``score``) that ``ctrctl eval --predictions`` reads.
 
 Example:
-    >>> model, manifest, config = load_model("runs/a")
-    >>> for labels, scores in predict_split("runs/a", "dataset", "test"):
-    ...     ...
     >>> predict_dataset("export", "dataset", "test", "scores.parquet").rows_per_s
 """
 
@@ -17,92 +14,24 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
-from ctrctl import checkpoint as ckpt
-from ctrctl.config import PipelineConfig, as_saved_before, parse_config
 from ctrctl.data.batch import Batch
 from ctrctl.data.dataset import BatchLoader
 from ctrctl.data.manifest import DatasetManifest
-from ctrctl.errors import CheckpointError, DatasetError, OutputExistsError
-from ctrctl.io import refuse_output_over_inputs, writing
-from ctrctl.training import model as model_io
+from ctrctl.errors import DatasetError, OutputExistsError
+from ctrctl.io import refuse_output_over_inputs, remove_stale_temps, temp_path, writing
 
-__all__ = ["PredictResult", "batch_inputs", "check_transforms", "load_model",
-           "predict_dataset", "predict_raw", "predict_split"]
-
-
-def load_model(
-    checkpoint: str | Path, device: torch.device | str = "cpu"
-) -> tuple[nn.Module, DatasetManifest, PipelineConfig]:
-    """The unsharded model of a checkpoint, in eval mode, whatever world size wrote it.
-
-    Args:
-        checkpoint: a training output folder, its ``checkpoints`` folder or a step folder.
-        device: where to put the model.
-
-    Returns:
-        (model, the manifest of the dataset it was trained on, its resolved config).
-    """
-    meta = ckpt.read_metadata(checkpoint)
-    manifest_data = meta.extra.get("manifest")
-    if not manifest_data:
-        raise CheckpointError("the checkpoint does not record its dataset manifest",
-                              where=str(meta.path))
-    manifest = DatasetManifest.from_dict(manifest_data, where=str(meta.path / "metadata.json"))
-    config = parse_config(as_saved_before(meta.config), where=str(meta.path / "metadata.json"))
-    torch.manual_seed(config.training.seed)
-    model = model_io.build_model(config, manifest, torch.device(device))
-    model_io.load_tables(model, meta.path, with_optimizer=False)
-    dense, _ = ckpt.load_dense(meta.path)
-    model_io.load_dense_state(model, dense)
-    model.eval()
-    return model, manifest, config
-
-
-def predict_split(
-    checkpoint: str | Path,
-    dataset: str | Path,
-    split: str,
-    batch_size: int = 8192,
-    rank: int = 0,
-    world_size: int = 1,
-    *,
-    num_workers: int = 2,
-    device: torch.device | str = "cpu",
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Score rank ``rank``'s rows of a split, in file order: (labels, click probabilities).
-
-    Rank ``r`` of ``W`` scores rows ``[r*N//W, (r+1)*N//W)``, so the ranks together score
-    every row once.
-
-    Raises:
-        CheckpointError: when the dataset's tables do not fit the model's.
-    """
-    model, trained_on, _ = load_model(checkpoint, device)
-    manifest = DatasetManifest.load(dataset)
-    if manifest.table_sizes() != trained_on.table_sizes() or (
-            manifest.dense_names != trained_on.dense_names):
-        raise CheckpointError(
-            "the dataset's features or table sizes differ from those the model was trained on",
-            where=str(dataset),
-            hint="preprocess the data with the training dataset's vocabularies and hash sizes")
-    loader = BatchLoader.for_scoring(dataset, split, batch_size, rank=rank,
-                                     world_size=world_size, num_workers=num_workers)
-    with torch.no_grad():
-        for batch in loader.epoch(0):
-            batch = batch.to(device)
-            scores = torch.sigmoid(model(batch.dense, batch.sparse).float())
-            yield batch.labels.cpu().numpy(), scores.cpu().numpy()
+__all__ = ["PredictResult", "batch_inputs", "check_transforms", "predict_dataset",
+           "predict_raw"]
 
 
 # ---- serving artifacts ---------------------------------------------------------------------
@@ -206,16 +135,16 @@ def _write_scores(out: Path, labels: list[np.ndarray], scores: list[np.ndarray],
     if labels:
         columns = {"label": pa.array(np.concatenate(labels).astype(np.int8)), **columns}
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    os.close(fd)
+    remove_stale_temps(out.parent)
+    tmp = temp_path(out)
     try:
-        pq.write_table(pa.table(columns), tmp)
+        pq.write_table(pa.table(columns), str(tmp))
         if out.exists() and not overwrite:
             raise OutputExistsError("the scores file already exists", where=str(out),
                                     hint="pass --overwrite to replace it")
         os.replace(tmp, out)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -286,11 +215,18 @@ def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
                            hint="score a preprocessed split with --dataset instead")
     started = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
-    # the raw logs are preprocessed beside ``out``: a full disk there is ``out``'s
-    with writing(out), tempfile.TemporaryDirectory(prefix=".predict-", dir=out.parent) as tmp:
-        staged = Path(tmp) / "dataset"
-        preprocess(None, [f"test={raw}"], staged, reuse_transforms=transforms,
-                   on_bad_rows=on_bad_rows)  # type: ignore[arg-type]
-        result = predict_dataset(model_dir, staged, "test", out, batch_size=batch_size,
-                                 overwrite=overwrite, compile=compile, verify_key=verify_key)
+    remove_stale_temps(out.parent)
+    scratch = temp_path(out)  # io's temp name: a killed run's is removed by the next one
+    scratch.mkdir()
+    try:
+        # the raw logs are preprocessed beside ``out``: a full disk there is ``out``'s
+        with writing(out):
+            staged = scratch / "dataset"
+            preprocess(None, [f"test={raw}"], staged, reuse_transforms=transforms,
+                       on_bad_rows=on_bad_rows)  # type: ignore[arg-type]
+            result = predict_dataset(model_dir, staged, "test", out, batch_size=batch_size,
+                                     overwrite=overwrite, compile=compile,
+                                     verify_key=verify_key)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return PredictResult(out, result.rows, time.perf_counter() - started, True)

@@ -24,8 +24,8 @@ import torch
 from ctrctl.config import PipelineConfig
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.errors import ConfigError
-from ctrctl.inference.serving import DENSE_DTYPES, ServingModel
 from ctrctl.inference.shard import DEFAULT_REQUEST_SIZE, ServingPlan, place_tables
+from ctrctl.inference.sharded_dlrm import DENSE_DTYPES, ShardedDLRM
 from ctrctl.modules.dlrm import DLRM
 from ctrctl.modules.quant_embedding import (
     QUANT_DTYPES,
@@ -109,7 +109,7 @@ class QuantizedModel:
         training_run_id: the MLflow run that trained the checkpoint, if it recorded one.
     """
 
-    model: ServingModel
+    model: ShardedDLRM
     plan: ServingPlan
     config: QuantizeConfig
     manifest: DatasetManifest | None = None
@@ -129,7 +129,7 @@ class QuantizedModel:
 
 def quantize_dlrm(dlrm: DLRM, config: QuantizeConfig,
                   pooling_factors: Mapping[str, float] | None = None
-                  ) -> tuple[ServingModel, ServingPlan, list[dict[str, Any]]]:
+                  ) -> tuple[ShardedDLRM, ServingPlan, list[dict[str, Any]]]:
     """Quantize a DLRM's tables, place them on shards and build the serving model.
 
     Returns:
@@ -154,7 +154,7 @@ def quantize_dlrm(dlrm: DLRM, config: QuantizeConfig,
                   [by_name[t] for t in plan.shard_tables(s)],
                   {t: weights[t] for t in plan.shard_tables(s)}, backend=backend)
               for s in range(plan.num_shards)]
-    model = ServingModel(dlrm, shards, dense_dtype=config.dense_dtype)
+    model = ShardedDLRM(dlrm, shards, dense_dtype=config.dense_dtype)
     report = [{"table": s.name, "rows": s.num_embeddings, "dim": s.embedding_dim,
                "dtype": s.dtype, "fp32_bytes": s.num_embeddings * s.embedding_dim * 4,
                "bytes": s.nbytes, "shard": plan.tables[s.name]["shard"]} for s in specs]
@@ -169,7 +169,7 @@ def quantize_checkpoint(checkpoint: str | Path, config: QuantizeConfig) -> Quant
         config: how to quantize and place it.
     """
     from ctrctl import checkpoint as ckpt
-    from ctrctl.inference.predictor import load_model
+    from ctrctl.models.scoring import load_model
 
     dlrm, manifest, train_config = load_model(checkpoint, "cpu")
     if not isinstance(dlrm, DLRM):

@@ -36,7 +36,7 @@ from ctrctl.modules.embedding_kernel import (
     table_layout,
 )
 from ctrctl.modules.fbgemm_embedding import FbgemmTableBatchedEmbeddingBags, fbgemm_cannot_run
-from ctrctl.modules.native_embedding import NativeTableBatchedEmbeddingBags, native_cannot_run
+from ctrctl.modules.native.embedding import NativeTableBatchedEmbeddingBags, native_cannot_run
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.modules.torch_embedding import TorchTableBatchedEmbeddingBags
 

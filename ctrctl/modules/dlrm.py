@@ -40,11 +40,11 @@ from ctrctl.modules.interaction import (
     DCNInteraction,
     DotInteraction,
     InteractionBuffers,
-    InteractionKernel,
     native_pairwise_dot,
     use_native_interaction,
 )
 from ctrctl.modules.mlp import MLP
+from ctrctl.modules.native import Kernel
 from ctrctl.sparse import KeyedJaggedTensor
 
 Interaction = Literal["dot", "dcn"]
@@ -60,12 +60,12 @@ class SparseDotInteraction(nn.Module):
     Args:
         num_sparse_features: F (at least 2: one embedding has no pair).
         pad_to: pad the output width to a multiple of this.
-        kernel: "auto" (the C kernel on float32 CPU tensors) or "torch"; see
+        kernel: "auto" (the C kernel on float32 CPU tensors), "native" or "torch"; see
             :class:`DotInteraction`.
     """
 
     def __init__(self, num_sparse_features: int, pad_to: int = 1,
-                 kernel: InteractionKernel = "auto") -> None:
+                 kernel: Kernel = "auto") -> None:
         super().__init__()
         if num_sparse_features < 2:
             raise ConfigError(
@@ -73,7 +73,7 @@ class SparseDotInteraction(nn.Module):
                 f"{num_sparse_features}", where="DLRM", hint="use interaction: dcn")
         self.num_sparse_features = num_sparse_features
         self.pad_to = max(1, pad_to)
-        self.kernel: InteractionKernel = kernel
+        self.kernel: Kernel = kernel
         n = num_sparse_features
         rows, cols = torch.triu_indices(n, n, offset=1)
         self.pair_index: torch.Tensor

@@ -14,20 +14,20 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
 from ctrctl.errors import ConfigError
-from ctrctl.modules.buffers import ReusableBuffer, reusable_empty
+from ctrctl.modules.native import KERNELS, Kernel
+from ctrctl.modules.native.buffers import ReusableBuffer, reusable_empty
 
 try:
-    from ctrctl.modules import _interaction_kernel as _ext  # type: ignore[attr-defined]
+    from ctrctl.modules.native import _interaction_kernel as _ext  # type: ignore[attr-defined]
 except ImportError:  # not built (no C compiler at install time): the torch path runs
     _ext = None
 
-InteractionKernel = Literal["auto", "torch"]
 
 
 def native_interaction_available() -> bool:
@@ -35,11 +35,16 @@ def native_interaction_available() -> bool:
     return _ext is not None
 
 
+def native_interaction_isa() -> str | None:
+    """The instruction set of the C interaction's loops in use (None when not built)."""
+    return str(_ext.isa()) if _ext is not None else None
+
+
 def use_native_interaction(kernel: str, *tensors: torch.Tensor) -> bool:
     """The C kernel takes plain float32 CPU tensors; tracing (fake or functional tensors,
     ``torch.export``, ``torch.compile``) and every other device or dtype take torch's ops."""
     return (
-        kernel == "auto"
+        kernel in ("auto", "native")
         and _ext is not None
         and not torch.compiler.is_compiling()
         and all(type(t) is torch.Tensor and t.device.type == "cpu"
@@ -50,7 +55,7 @@ def use_native_interaction(kernel: str, *tensors: torch.Tensor) -> bool:
 class InteractionBuffers:
     """The memory one interaction module's C kernel reuses step after step: its output and
     the two gradients (a fresh 27 MB gradient per step costs ~15 ms of page faults on the
-    machines measured here; see :mod:`ctrctl.modules.buffers`)."""
+    machines measured here; see :mod:`ctrctl.modules.native.buffers`)."""
 
     def __init__(self) -> None:
         self.out = ReusableBuffer()
@@ -163,16 +168,23 @@ class DotInteraction(nn.Module):
             their weights get zero gradient, so the model is the same.
         kernel: "auto" runs the C kernel on float32 CPU tensors where it was built (several
             times faster than torch's batched matmul on the tiny per-sample matrices) and
-            torch's ops elsewhere; "torch" always runs torch's ops (needed for second
-            derivatives: the C backward is differentiable once).
+            torch's ops elsewhere; "native" the same, but refuses a build without the C
+            kernel; "torch" always runs torch's ops (needed for second derivatives: the C
+            backward is differentiable once).
     """
 
     def __init__(self, num_sparse_features: int, pad_to: int = 1,
-                 kernel: InteractionKernel = "auto") -> None:
+                 kernel: Kernel = "auto") -> None:
         super().__init__()
+        if kernel not in KERNELS:
+            raise ConfigError(f"unknown interaction kernel '{kernel}'", where="DotInteraction",
+                              hint=f"use one of {', '.join(KERNELS)}")
+        if kernel == "native" and _ext is None:
+            raise ConfigError("the C dot interaction was not built", where="DotInteraction",
+                              hint='use kernel="auto" or "torch" (or install with a C compiler)')
         self.num_sparse_features = num_sparse_features
         self.pad_to = max(1, pad_to)
-        self.kernel: InteractionKernel = kernel
+        self.kernel: Kernel = kernel
         n = num_sparse_features + 1
         rows, cols = torch.triu_indices(n, n, offset=1)
         # Flat positions of the kept pairs in an (F + 1, F + 1) matrix: one gather, not two.

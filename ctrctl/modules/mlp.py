@@ -16,21 +16,20 @@ elsewhere, and for bf16 autocast, tracing and export, they are torch's ``nn.Line
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
 from ctrctl.errors import ConfigError
-from ctrctl.modules.buffers import ReusableBuffer, reusable_empty
+from ctrctl.modules.native import KERNELS, Kernel
+from ctrctl.modules.native.buffers import ReusableBuffer, reusable_empty
 
 try:
-    from ctrctl.modules import _dense_kernel as _ext  # type: ignore[attr-defined]
+    from ctrctl.modules.native import _dense_kernel as _ext  # type: ignore[attr-defined]
 except ImportError:  # not built (no C compiler at install time): torch's layers run
     _ext = None
 
-DenseKernel = Literal["auto", "native", "torch"]
-DENSE_KERNELS: tuple[str, ...] = ("auto", "native", "torch")
 
 #: Layers narrower than this run on torch: a GEMM tile is 24 or 32 columns wide, and a
 #: layer of one output (the logit) is a matrix-vector product.
@@ -47,6 +46,11 @@ _PARAMETER_TYPES = (torch.Tensor, nn.Parameter)
 def native_dense_available() -> bool:
     """Whether the C GEMM (``_dense_kernel.c``) was built and imports."""
     return _ext is not None
+
+
+def native_dense_isa() -> str | None:
+    """The instruction set of the C GEMM's loops in use (None when not built)."""
+    return str(_ext.isa()) if _ext is not None else None
 
 
 def native_dense_preferred() -> bool:
@@ -74,7 +78,7 @@ _PREFERRED = native_dense_preferred()
 class LayerBuffers:
     """The memory one layer's C GEMM reuses step after step: its output and its input's
     gradient (a fresh 8 MB tensor per step costs page faults; see
-    :mod:`ctrctl.modules.buffers`)."""
+    :mod:`ctrctl.modules.native.buffers`)."""
 
     def __init__(self) -> None:
         self.out = ReusableBuffer()
@@ -159,7 +163,7 @@ class MLP(nn.Module):
 
     def __init__(
         self, in_features: int, layer_sizes: Sequence[int], final_activation: bool = True,
-        kernel: DenseKernel = "auto",
+        kernel: Kernel = "auto",
     ) -> None:
         super().__init__()
         if not layer_sizes or any(size <= 0 for size in layer_sizes) or in_features <= 0:
@@ -168,9 +172,9 @@ class MLP(nn.Module):
                 f"layer_sizes={list(layer_sizes)}",
                 where="MLP",
             )
-        if kernel not in DENSE_KERNELS:
+        if kernel not in KERNELS:
             raise ConfigError(f"unknown dense kernel '{kernel}'", where="MLP",
-                              hint=f"use one of {', '.join(DENSE_KERNELS)}")
+                              hint=f"use one of {', '.join(KERNELS)}")
         layers: list[nn.Module] = []
         widths = [in_features, *layer_sizes]
         for i, (n_in, n_out) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
@@ -180,7 +184,7 @@ class MLP(nn.Module):
                 layers.append(nn.ReLU(inplace=True))
         self.layers = nn.Sequential(*layers)
         self.out_features = widths[-1]
-        self.kernel: DenseKernel = kernel
+        self.kernel: Kernel = kernel
         self.native_buffers = [LayerBuffers() for _ in layer_sizes]  # the C GEMM's memory
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -218,7 +218,7 @@ def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool
         batch, global_batch = cfg.training.batch_size, True
     elif cfg is not None and train_rows:
         # The batch training would choose from the data (training.batch_size: null).
-        from ctrctl.config import auto_batch_size
+        from ctrctl.training.sizes import auto_batch_size
 
         batch, global_batch = auto_batch_size(train_rows, topology.world_size), True
     else:

@@ -10,9 +10,9 @@ Example:
     >>> [o.status for o in result.outcomes]
 """
 
+from ctrctl.io import tree_sha256
 from ctrctl.runner.core import GATE_FAILED_EXIT, KEY_METRICS, RunResult, StepOutcome, run_pipeline
 from ctrctl.runner.events import CallbackObserver, RunObserver
-from ctrctl.runner.state import tree_sha256
 from ctrctl.runner.steps import STEPS
 
 __all__ = ["GATE_FAILED_EXIT", "KEY_METRICS", "STEPS", "CallbackObserver", "RunObserver",

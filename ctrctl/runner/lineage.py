@@ -1,7 +1,7 @@
 """Lineage: the dataset splits each step read or wrote, and the registered model's tags.
 
 A split is logged as an MLflow dataset whose digest is our own sha256 over its Parquet
-files (:func:`ctrctl.runner.state.tree_sha256`), not MLflow's digest of its first rows; the
+files (:func:`ctrctl.io.tree_sha256`), not MLflow's digest of its first rows; the
 registered model version carries the same value as a tag, so walking version -> run ->
 dataset inputs leads back to the files.
 """
@@ -13,7 +13,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ctrctl.runner.state import HashCache, tree_sha256
+from ctrctl.io import tree_sha256
+from ctrctl.runner.state import HashCache
 from ctrctl.tracking import DatasetRef, Run, git_commit
 
 logger = logging.getLogger(__name__)

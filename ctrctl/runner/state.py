@@ -13,7 +13,6 @@ Layout under the working folder::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -23,30 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from ctrctl.errors import FormatError
-from ctrctl.io import read_json_file, write_json_atomic
+from ctrctl.io import file_sha256, json_sha256, read_json_file, tree_sha256, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-#: Files the runner never counts as content (locks, staging folders of other writers).
-_IGNORED_SUFFIXES = (".lock",)
-
-
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    """sha256 of one file's bytes."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _files(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    return sorted(p for p in path.rglob("*") if p.is_file()
-                  and not p.name.endswith(_IGNORED_SUFFIXES)
-                  and not any(part.startswith(".tmp") for part in p.relative_to(path).parts))
 
 
 def _valid(entry: Any) -> bool:
@@ -88,32 +68,12 @@ class HashCache:
     def tree(self, path: Path, files: Iterable[Path] | None = None) -> str:
         """sha256 over a file or a folder: each file's relative path, size and sha256, in
         path order (a rename, a new file or one changed byte changes it)."""
-        digest = hashlib.sha256()
-        base = path if path.is_dir() else path.parent
-        for item in sorted(files) if files is not None else _files(path):
-            rel = item.relative_to(base).as_posix()
-            digest.update(f"{rel}\0{item.stat().st_size}\0{self.file(item)}\n".encode())
-        return digest.hexdigest()
+        return tree_sha256(path, files, self.file)
 
     def save(self) -> None:
         if self._dirty:
             write_json_atomic(self.path, self._entries)
             self._dirty = False
-
-
-def tree_sha256(path: Path, files: Iterable[Path] | None = None) -> str:
-    """:meth:`HashCache.tree` without a cache: what anyone can recompute from the files."""
-    digest = hashlib.sha256()
-    base = path if path.is_dir() else path.parent
-    for item in sorted(files) if files is not None else _files(path):
-        rel = item.relative_to(base).as_posix()
-        digest.update(f"{rel}\0{item.stat().st_size}\0{file_sha256(item)}\n".encode())
-    return digest.hexdigest()
-
-
-def settings_sha256(settings: Mapping[str, Any]) -> str:
-    """sha256 of settings as canonical JSON."""
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
 
 
 @dataclass
@@ -195,4 +155,4 @@ class StateStore:
 
 def step_key(inputs: Mapping[str, str], settings: Mapping[str, Any]) -> str:
     """The key a step is skipped by: inputs' hashes and settings, canonically."""
-    return settings_sha256({"inputs": dict(inputs), "settings": dict(settings)})
+    return json_sha256({"inputs": dict(inputs), "settings": dict(settings)})

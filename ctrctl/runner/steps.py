@@ -13,7 +13,6 @@ the next step's inputs, all under one working folder::
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from typing import Any
 from ctrctl.config import PipelineConfig
 from ctrctl.errors import CtrctlError
 from ctrctl.progress import Progress
-from ctrctl.runner.validate import INFERENCE_PACKAGE, input_paths, quantize_available
+from ctrctl.runner.validate import input_paths, quantize_config
 from ctrctl.tracking import Tracker
 
 logger = logging.getLogger(__name__)
@@ -223,25 +222,29 @@ def _eval(ctx: Context, resume: bool) -> dict[str, Any]:
 def _no_quantize(ctx: Context) -> str | None:
     if not ctx.cfg.quantize.enabled:
         return "quantize.enabled is false"
-    if not quantize_available():
-        return "ctrctl.inference.export is not installed in this build"
     return None
 
 
 def quantize_settings(cfg: PipelineConfig) -> dict[str, Any]:
+    """The quantize section as the step's key and lineage record it (the keys added later,
+    per_table, device_memory_bytes and request_size, only when set, so an unchanged
+    pipeline keeps its key)."""
     q = cfg.quantize
-    return {"dtype": q.dtype, "dense_dtype": q.dense_dtype, "num_shards": q.num_shards}
-
-
-def inference_module(name: str) -> Any:
-    """``ctrctl.inference.<name>``, imported when the quantize step runs (an allowed
-    runner -> inference edge); the step is reported unavailable where it is not installed."""
-    return importlib.import_module(f"{INFERENCE_PACKAGE}.{name}")
+    settings: dict[str, Any] = {"dtype": q.dtype, "dense_dtype": q.dense_dtype,
+                                "num_shards": q.num_shards}
+    if q.per_table:
+        settings["per_table"] = dict(q.per_table)
+    if q.device_memory_bytes is not None:
+        settings["device_memory_bytes"] = q.device_memory_bytes
+    if q.request_size is not None:
+        settings["request_size"] = q.request_size
+    return settings
 
 
 def _quantize(ctx: Context, resume: bool) -> dict[str, Any]:
-    quantize_to_artifact = inference_module("export").quantize_to_artifact
-    config = inference_module("quantize").QuantizeConfig(**quantize_settings(ctx.cfg))
+    from ctrctl.inference.export import quantize_to_artifact
+
+    config = quantize_config(ctx.cfg)
     quantized = quantize_to_artifact(ctx.train, ctx.export, config, dataset=ctx.dataset,
                                      overwrite=True, tracker=ctx.tracker,
                                      log_model=ctx.tracker.enabled)

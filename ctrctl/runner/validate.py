@@ -3,27 +3,30 @@
 from __future__ import annotations
 
 import glob
-import importlib
-import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ctrctl.config import PipelineConfig, key_location
 from ctrctl.errors import ConfigError, CtrctlError
 
-__all__ = ["check_pipeline", "input_paths", "quantize_available"]
+if TYPE_CHECKING:
+    from ctrctl.inference.quantize import QuantizeConfig
 
-#: The module of the quantize step; the step is skipped (saying so) when it is not installed.
-INFERENCE_PACKAGE = "ctrctl.inference"
-QUANTIZE_MODULE = f"{INFERENCE_PACKAGE}.export"
+__all__ = ["check_pipeline", "input_paths", "quantize_config"]
 
 
-def quantize_available() -> bool:
-    """Whether the quantize step's library is importable."""
-    try:
-        return importlib.util.find_spec(QUANTIZE_MODULE) is not None
-    except ModuleNotFoundError:
-        return False
+def quantize_config(cfg: PipelineConfig) -> QuantizeConfig:
+    """The :class:`~ctrctl.inference.quantize.QuantizeConfig` of a pipeline's quantize
+    section (its checks raise here, before any step runs)."""
+    from ctrctl.inference.quantize import QuantizeConfig
+    from ctrctl.inference.shard import DEFAULT_REQUEST_SIZE
+
+    q = cfg.quantize
+    return QuantizeConfig(dtype=q.dtype, per_table=dict(q.per_table), num_shards=q.num_shards,
+                          device_memory_bytes=q.device_memory_bytes,
+                          dense_dtype=q.dense_dtype,
+                          request_size=q.request_size or DEFAULT_REQUEST_SIZE)
 
 
 def input_paths(items: Sequence[str]) -> list[tuple[str | None, list[Path]]]:
@@ -69,11 +72,9 @@ def check_pipeline(cfg: PipelineConfig, source: str | None) -> None:
     if batch is not None and batch % world:
         raise ConfigError(f"training.batch_size {batch} does not divide over {world} ranks",
                           where=_where(source, "training", "batch_size"))
-    if cfg.quantize.enabled and quantize_available():
-        QuantizeConfig = importlib.import_module(f"{INFERENCE_PACKAGE}.quantize").QuantizeConfig
+    if cfg.quantize.enabled:
         try:
-            QuantizeConfig(dtype=cfg.quantize.dtype, dense_dtype=cfg.quantize.dense_dtype,
-                           num_shards=cfg.quantize.num_shards)
+            quantize_config(cfg)
         except CtrctlError as exc:
             raise ConfigError(exc.message, where=_where(source, "quantize"),
                               hint=exc.hint) from None

@@ -23,7 +23,7 @@ from ctrctl.config import load_config
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.distributed.checkpoint import gather_table_weights
 from ctrctl.distributed.types import ShardingPlan
-from ctrctl.training import model as model_io
+from ctrctl.models import build as model_io
 from ctrctl.training.loop import train
 
 __all__ = ["train_body"]

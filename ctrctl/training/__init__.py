@@ -1,7 +1,7 @@
 """Training: the loop, early stopping and resume, torchrun launch.
 
 The checkpoint format itself is :mod:`ctrctl.checkpoint`; scoring a checkpoint lives in
-:mod:`ctrctl.inference.predictor`.
+:mod:`ctrctl.models.scoring`; the model itself is built in :mod:`ctrctl.models.build`.
 
 Example:
     >>> from ctrctl.config import load_config

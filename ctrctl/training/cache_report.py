@@ -32,13 +32,14 @@ Example:
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+import torch.distributed as dist
 from torch import nn
 
 from ctrctl.modules.cached_embedding import CachedEmbeddingBag
 
-__all__ = ["cache_metrics", "format_cache_report"]
+__all__ = ["cache_metrics", "format_cache_report", "gather_cache_metrics"]
 
 PREFIX = "cache."
 #: The model-wide metric (not per table).
@@ -130,3 +131,17 @@ def format_cache_report(metrics: dict[str, float]) -> str:
              for row in [header, *rows]]
     lines.append(f"waited for prefetches: {metrics.get(WAIT_METRIC, 0.0):.2f} s")
     return "\n".join(lines)
+
+
+def gather_cache_metrics(model: nn.Module, world_size: int) -> dict[str, float]:
+    """Every rank's cached tables (or shards) in one dict; the waits summed over ranks."""
+    mine = cache_metrics(model)
+    if world_size == 1:
+        return mine
+    every: list[Any] = [None] * world_size
+    dist.all_gather_object(every, mine)
+    merged: dict[str, float] = {}
+    for metrics in every:
+        for key, value in metrics.items():
+            merged[key] = merged.get(key, 0.0) + value if key == WAIT_METRIC else value
+    return merged

@@ -3,7 +3,7 @@
 One loop for one process and for many: under ``torch.distributed`` (started by torchrun, see
 :mod:`ctrctl.training.launch`) the loop takes its rank and world size from the default process
 group, the loader gives each rank its slice (``batch_size / world_size`` rows per step), the
-model is wrapped by :func:`ctrctl.training.model.wrap_model`, and only rank 0 logs, tracks and
+model is wrapped by :func:`ctrctl.models.build.wrap_model`, and only rank 0 logs, tracks and
 writes shared files.
 
 What a step is: one batch per rank, one dense optimizer step; the embedding update happens
@@ -23,9 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import shutil
 import time
-from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +34,7 @@ from torch import nn
 
 from ctrctl import checkpoint as ckpt
 from ctrctl.compat import bf16_autocast_supported
-from ctrctl.config import FEW_STEPS, PipelineConfig, resolve_sizes
-from ctrctl.data.batch import Batch
+from ctrctl.config import PipelineConfig
 from ctrctl.data.dataset import BatchLoader, LoaderPosition
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.distributed import checkpoint as dist_ckpt
@@ -52,12 +49,15 @@ from ctrctl.distributed.pipeline import (
 from ctrctl.distributed.types import ShardingPlan
 from ctrctl.errors import CheckpointError, ConfigError, OutputExistsError
 from ctrctl.io import check_output_location, write_json_atomic, writing
+from ctrctl.models import build as model_io
+from ctrctl.modules import native
 from ctrctl.progress import Progress
 from ctrctl.tracking import Run, Tracker
-from ctrctl.training import model as model_io
-from ctrctl.training.cache_report import WAIT_METRIC, cache_metrics, format_cache_report
+from ctrctl.training.cache_report import format_cache_report, gather_cache_metrics
 from ctrctl.training.early_stopping import EarlyStopping
 from ctrctl.training.optimizers import dense_optimizer
+from ctrctl.training.sizes import FEW_STEPS, resolve_sizes
+from ctrctl.training.validation import evaluate_model
 
 __all__ = ["TrainResult", "evaluate_model", "resolve_device", "train"]
 
@@ -116,85 +116,6 @@ def _world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def evaluate_model(
-    model: nn.Module,
-    loader: BatchLoader,
-    device: torch.device,
-    world_size: int = 1,
-    pipeline: TrainPipeline | None = None,
-) -> dict[str, float]:
-    """Validation metrics of ``model`` over a scoring loader, the same as ``ctrctl eval``'s.
-
-    The scores stream into a :class:`~ctrctl.metrics.CTRMetrics` (exact by sorting up to its
-    ``exact_limit`` rows, then a histogram with its error bound); with ``world_size > 1``
-    each rank scores its slice and the metric's states are combined over the default group
-    (torchmetrics' sync), so every rank returns the same numbers. With a ``pipeline`` the
-    batches go through its stages (loading ahead, the next batch's ids in flight while one
-    scores), as training's do.
-
-    Returns:
-        ``rows``, ``logloss`` and, when defined for the rows, ``auc``, ``auc_bound``, ``ne``
-        and ``calibration``.
-    """
-    from ctrctl.metrics.streaming import CTRMetrics
-
-    was_training = model.training
-    model.eval()
-    metric = CTRMetrics()
-    steps = loader.num_batches
-    if world_size > 1:
-        # A sharded model runs collectives in forward: every rank must take as many steps,
-        # though scoring slices may differ by a row (and so by a batch). A rank that runs
-        # out repeats its last batch and drops the result.
-        count = torch.tensor([steps], dtype=torch.int64)
-        dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        steps = int(count.item())
-    items = _padded(loader, steps)
-    try:
-        with torch.no_grad():
-            if pipeline is not None:
-                for keep, _, logits in pipeline.score(items):
-                    if keep[0]:
-                        metric.update(keep[1].cpu(), torch.sigmoid(logits.float()).cpu())
-            else:
-                for keep, batch in items:
-                    batch = batch.to(device)
-                    logits = model(batch.dense, batch.sparse)
-                    if keep[0]:
-                        metric.update(keep[1].cpu(), torch.sigmoid(logits.float()).cpu())
-    finally:
-        items.close()
-    model.train(was_training)
-    if world_size > 1 and device.type == "cuda":
-        metric = metric.to(device)  # NCCL syncs device tensors
-    m = metric.compute()
-    out = {"rows": float(m.rows)}
-    for key in ("auc", "auc_bound", "logloss", "ne", "calibration"):
-        value = getattr(m, key)
-        if value is not None:
-            out[key] = float(value)
-    return out
-
-
-def _padded(loader: BatchLoader, steps: int
-            ) -> Generator[tuple[tuple[bool, torch.Tensor], Batch], None, None]:
-    """``steps`` items ``((keep, labels), batch)``: the loader's batches, then its last one
-    again (``keep`` False) until every rank has taken as many."""
-    batches = loader.epoch(0)
-    last = None
-    try:
-        for _ in range(steps):
-            batch = next(batches, None)
-            keep = batch is not None
-            batch = batch if batch is not None else last
-            if batch is None:
-                return
-            last = batch
-            yield (keep, batch.labels), batch
-    finally:
-        batches.close()
 
 
 class _Trainer:
@@ -323,7 +244,7 @@ class _Trainer:
             model_io.dense_state(self.model), self.optimizer.state_dict(), trainer_state,
             self._metadata(), rank=self.rank, world_size=self.world_size)
         if self.rank == 0:
-            _prune(self.out / folder, keep)
+            ckpt.prune_checkpoints(self.out / folder, keep)
         return path
 
     def save_best(self) -> Path:
@@ -561,37 +482,12 @@ class _Trainer:
         }
 
 
-def _cache_metrics(model: nn.Module, world_size: int) -> dict[str, float]:
-    """Every rank's cached tables (or shards) in one dict; the waits summed over ranks."""
-    mine = cache_metrics(model)
-    if world_size == 1:
-        return mine
-    every: list[Any] = [None] * world_size
-    dist.all_gather_object(every, mine)
-    merged: dict[str, float] = {}
-    for metrics in every:
-        for key, value in metrics.items():
-            merged[key] = merged.get(key, 0.0) + value if key == WAIT_METRIC else value
-    return merged
-
-
 def _global_sum(value: int, world_size: int) -> int:
     if world_size == 1:
         return value
     box = torch.tensor([value], dtype=torch.int64)
     dist.all_reduce(box)
     return int(box.item())
-
-
-def _prune(folder: Path, keep: int) -> None:
-    """Remove all but the newest ``keep`` step folders (0: keep all); never ``latest``."""
-    if keep <= 0 or not folder.is_dir():
-        return
-    latest = ckpt.latest_checkpoint(folder)
-    steps = sorted(p for p in folder.glob("step-*") if p.is_dir())
-    for old in steps[:-keep]:
-        if latest is None or old.name != latest.name:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 def train(
@@ -661,6 +557,7 @@ def train(
             run.log_dict(config.to_dict(), "config.json")
         if rank == 0:
             logger.info("training: %s", trainer.describe())
+            run.set_tags(native.log_report(logger).as_tags())
             if trainer.total_steps < FEW_STEPS:
                 logger.warning(
                     "this run takes only %d optimizer steps: the model will barely train; "
@@ -671,7 +568,7 @@ def train(
         path = trainer.finish() if finished else trainer.save()
         summary = trainer.summary()
         # after the final checkpoint, so its flush's write-backs are counted
-        cache = _cache_metrics(trainer.model, world_size)
+        cache = gather_cache_metrics(trainer.model, world_size)
         result = TrainResult(out=out, step=trainer.step, checkpoint=path,
                              metrics=dict(trainer.metrics), history=list(trainer.history),
                              samples_per_s=rate, stop_reason=trainer.stop_reason,

@@ -15,32 +15,12 @@ from collections.abc import Iterable
 
 import torch
 
-from ctrctl.config import DenseOptimizerConfig, EmbeddingOptimizerSection
-from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
+from ctrctl.config import DenseOptimizerConfig
+
+# The embedding one is the model's (it is built with its tables): re-exported from there.
+from ctrctl.models.build import EMBEDDING_KINDS, embedding_optimizer
 
 __all__ = ["EMBEDDING_KINDS", "dense_optimizer", "embedding_optimizer"]
-
-#: Config names -> the kernel's (FBGEMM's) names of the exact optimizers.
-EMBEDDING_KINDS = {
-    "rowwise_adagrad": "exact_rowwise_adagrad",
-    "adagrad": "exact_adagrad",
-    "sgd": "exact_sgd",
-}
-
-
-def embedding_optimizer(section: EmbeddingOptimizerSection) -> EmbeddingOptimizerConfig:
-    """The kernels' fused optimizer settings from the pipeline YAML's section.
-
-    A ``weight_decay`` is applied as an L2 term on the gradient (rowwise Adagrad only, as the
-    kernels implement it).
-    """
-    return EmbeddingOptimizerConfig(
-        kind=EMBEDDING_KINDS[section.kind],  # type: ignore[arg-type]
-        lr=section.lr,
-        eps=section.eps,
-        weight_decay=section.weight_decay,
-        weight_decay_mode="l2" if section.weight_decay else "none",
-    )
 
 
 def dense_optimizer(

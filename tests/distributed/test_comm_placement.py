@@ -90,7 +90,7 @@ def test_output_dist_buffers_are_reused_only_when_free() -> None:
 
 
 def test_reusable_buffer() -> None:
-    from ctrctl.modules.buffers import ReusableBuffer
+    from ctrctl.modules.native.buffers import ReusableBuffer
 
     buffer = ReusableBuffer()
     a = buffer.get((3, 4))

@@ -18,7 +18,7 @@ from ctrctl.inference import standalone
 from ctrctl.inference.export import load_artifact, write_artifact
 from ctrctl.inference.predictor import batch_inputs
 from ctrctl.inference.quantize import QuantizeConfig, quantize_checkpoint
-from ctrctl.inference.serving import fused_linear_available
+from ctrctl.inference.sharded_dlrm import fused_linear_available
 
 from .conftest import Trained
 

@@ -23,6 +23,7 @@ from ctrctl.inference import standalone
 from ctrctl.inference.export import load_artifact, write_artifact
 from ctrctl.inference.predictor import batch_inputs, predict_dataset
 from ctrctl.inference.quantize import QuantizeConfig, QuantizedModel, quantize_checkpoint
+from ctrctl.io import temp_path, tree_sha256
 
 from .conftest import Trained
 
@@ -202,3 +203,32 @@ def test_dense_weights_are_loaded_into_aligned_memory(artifact: Path) -> None:
     module = standalone.load(str(artifact)).module
     floats = [t for t in [*module.parameters(), *module.buffers()] if t.is_floating_point()]
     assert floats and all(t.data_ptr() % 64 == 0 for t in floats)
+
+
+def test_an_overwrite_that_fails_keeps_the_old_artifact(artifact: Path, quantized: QuantizedModel,
+                                                        tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The artifact is staged under io's temp name and published by io.staged_folder: the
+    old one stays until the new one is verified, and a killed export's folder is removed by
+    the next write beside it."""
+    out = _copy(artifact, tmp_path)
+    before = tree_sha256(out)
+    killed = temp_path(out, pid=2**22 + 1)  # no such process: left by a killed export
+    killed.mkdir()
+    (killed / "program.pt2").write_bytes(b"partial")
+
+    def refuse(folder: str) -> None:
+        raise standalone.ArtifactError(f"{folder}: refused")
+
+    monkeypatch.setattr(standalone, "verify", refuse)
+    with pytest.raises(standalone.ArtifactError):
+        write_artifact(quantized, out, overwrite=True)
+    assert tree_sha256(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]
+
+
+def test_the_checkpoint_hash_is_the_one_folder_hash(artifact: Path,
+                                                    quantized: QuantizedModel) -> None:
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    assert quantized.checkpoint is not None
+    assert manifest["hashes"]["checkpoint"] == tree_sha256(quantized.checkpoint)

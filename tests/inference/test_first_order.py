@@ -13,8 +13,9 @@ import torch
 from ctrctl.config import load_config
 from ctrctl.data.dataset import BatchLoader
 from ctrctl.inference.export import export_program, load_artifact, write_artifact
-from ctrctl.inference.predictor import batch_inputs, load_model
+from ctrctl.inference.predictor import batch_inputs
 from ctrctl.inference.quantize import QuantizeConfig, quantize_checkpoint
+from ctrctl.models.scoring import load_model
 from ctrctl.testing.datasets import make_dataset
 from ctrctl.training.loop import train
 

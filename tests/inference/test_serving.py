@@ -11,9 +11,10 @@ from ctrctl.compat import fbgemm_available
 from ctrctl.data.dataset import BatchLoader
 from ctrctl.errors import ConfigError, PlanError
 from ctrctl.inference.export import export_program
-from ctrctl.inference.predictor import batch_inputs, load_model
+from ctrctl.inference.predictor import batch_inputs
 from ctrctl.inference.quantize import QuantizeConfig, parse_per_table, quantize_checkpoint
 from ctrctl.inference.shard import ServingPlan, place_tables
+from ctrctl.models.scoring import load_model
 from ctrctl.modules.quant_embedding import QuantTableSpec
 
 from .conftest import Trained
@@ -79,7 +80,7 @@ def test_reduced_dense_stays_close_to_fp32(trained: Trained, dense_dtype: str) -
 
 
 def test_int8_linear_matches_its_definition() -> None:
-    from ctrctl.inference.serving import Int8DynamicLinear
+    from ctrctl.inference.sharded_dlrm import Int8DynamicLinear
 
     linear = torch.nn.Linear(24, 10)
     layer = Int8DynamicLinear(linear)
@@ -121,7 +122,7 @@ def test_bad_per_table_is_a_clear_error(trained: Trained) -> None:
 
 
 def test_bf16_interaction_is_the_interaction_on_bf16_inputs() -> None:
-    from ctrctl.inference.serving import bf16_dot_interaction
+    from ctrctl.inference.sharded_dlrm import bf16_dot_interaction
     from ctrctl.modules.interaction import DotInteraction
 
     interaction = DotInteraction(26, pad_to=8)
@@ -133,7 +134,7 @@ def test_bf16_interaction_is_the_interaction_on_bf16_inputs() -> None:
 
 
 def test_fused_linear_equals_linear_and_relu() -> None:
-    from ctrctl.inference.serving import FusedLinear, fused_linear_available
+    from ctrctl.inference.sharded_dlrm import FusedLinear, fused_linear_available
 
     if not fused_linear_available():
         pytest.skip("this torch has no oneDNN bfloat16 linear")
@@ -148,7 +149,7 @@ def test_fused_linear_equals_linear_and_relu() -> None:
 def test_bf16_serving_runs_fused_layers_and_exports_them(trained: Trained, tmp_path: Path
                                                          ) -> None:
     from ctrctl.inference.export import load_artifact, write_artifact
-    from ctrctl.inference.serving import FusedLinear, fused_linear_available
+    from ctrctl.inference.sharded_dlrm import FusedLinear, fused_linear_available
 
     if not fused_linear_available():
         pytest.skip("this torch has no oneDNN bfloat16 linear")

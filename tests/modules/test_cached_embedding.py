@@ -423,8 +423,8 @@ def test_model_config_asks_for_cached_tables_and_checkpoints_see_whole_tables(
     from ctrctl.config import ModelConfig
     from ctrctl.data.manifest import DatasetManifest, DenseFeature, SparseFeature, SplitInfo
     from ctrctl.distributed.checkpoint import table_shards
+    from ctrctl.models.build import dlrm_from_manifest
     from ctrctl.sparse import KeyedJaggedTensor
-    from ctrctl.training.model import dlrm_from_manifest
 
     with pytest.raises(ValidationError, match="cached_tables"):
         ModelConfig(cached_tables={"C1": 0.0})

@@ -7,6 +7,7 @@ import torch
 
 from ctrctl.data.manifest import DatasetManifest, DenseFeature, SparseFeature, SplitInfo
 from ctrctl.errors import ConfigError
+from ctrctl.models.build import dlrm_from_manifest
 from ctrctl.modules import (
     DLRM,
     DotInteraction,
@@ -17,7 +18,6 @@ from ctrctl.modules import (
     dlrm_loss,
 )
 from ctrctl.sparse import KeyedJaggedTensor
-from ctrctl.training.model import dlrm_from_manifest
 
 DIM = 8
 

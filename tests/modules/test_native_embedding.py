@@ -13,7 +13,7 @@ import torch
 
 from ctrctl.errors import ConfigError, SparseInputError
 from ctrctl.modules import BatchedEmbeddingBag, EmbeddingBagCollection, EmbeddingBagConfig
-from ctrctl.modules.native_embedding import native_available
+from ctrctl.modules.native.embedding import native_available
 from ctrctl.modules.optimizers import CPU_OPTIMIZERS, EmbeddingOptimizerConfig
 from ctrctl.sparse import KeyedJaggedTensor
 
@@ -247,8 +247,8 @@ def test_large_tables_go_on_huge_pages_and_train_as_plain_torch(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Buffers past HUGE_PAGE_MIN_BYTES are advised (and collapsed) once, not every step;
     the weights, their values and the training are unchanged by it."""
-    import ctrctl.modules.native_embedding as native
-    from ctrctl.modules import buffers
+    import ctrctl.modules.native.embedding as native
+    from ctrctl.modules.native import buffers
 
     calls: list[tuple[int, int, bool]] = []
     advise = buffers.advise_huge_pages
@@ -280,7 +280,7 @@ def test_large_tables_go_on_huge_pages_and_train_as_plain_torch(
 
 
 def test_advise_huge_pages_keeps_values_and_skips_small_tensors() -> None:
-    from ctrctl.modules.buffers import HUGE_PAGE_MIN_BYTES, advise_huge_pages
+    from ctrctl.modules.native.buffers import HUGE_PAGE_MIN_BYTES, advise_huge_pages
 
     small = torch.randn(100)
     assert advise_huge_pages(small) is False
@@ -313,8 +313,8 @@ def test_one_openmp_runtime_in_the_process() -> None:
         import torch
         torch.ones(4096).sum()  # torch's OpenMP is up
         before = runtimes()
-        import ctrctl.modules.native_embedding, ctrctl.modules.interaction
-        assert ctrctl.modules.native_embedding.native_available()
+        import ctrctl.modules.native.embedding, ctrctl.modules.interaction
+        assert ctrctl.modules.native.embedding.native_available()
         print(before == runtimes(), len(before))
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

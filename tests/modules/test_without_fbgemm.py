@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ctrctl.modules import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingOptimizerConfig
-from ctrctl.modules.native_embedding import native_available
+from ctrctl.modules.native.embedding import native_available
 from ctrctl.sparse import KeyedJaggedTensor
 
 needs_native = pytest.mark.skipif(not native_available(), reason="the C kernel was not built")
@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent(
     import sys, warnings
     sys.modules["fbgemm_gpu"] = None          # any import of fbgemm_gpu now fails
     if BLOCK_NATIVE:                          # as where the C kernel was not built
-        sys.modules["ctrctl.modules._embedding_kernel"] = None
+        sys.modules["ctrctl.modules.native._embedding_kernel"] = None
     warnings.simplefilter("always")
     import torch
     torch.manual_seed(0)                      # tiny MLPs: an unlucky draw kills every ReLU

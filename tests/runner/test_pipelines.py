@@ -46,3 +46,35 @@ def test_the_demo_validates(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
     path = ROOT / "pipelines" / "demo.yaml"
     check_pipeline(load_config(path), str(path))
+
+
+def test_the_quantize_section_carries_quantize_config(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    """Per-table types, table memory per shard and the request size reach QuantizeConfig;
+    a bad one is refused before any step runs, naming the quantize section's line."""
+    from ctrctl.errors import ConfigError
+    from ctrctl.inference.quantize import QuantizeConfig
+    from ctrctl.inference.shard import DEFAULT_REQUEST_SIZE
+    from ctrctl.runner.steps import quantize_settings
+    from ctrctl.runner.validate import quantize_config
+
+    monkeypatch.chdir(ROOT)
+    path = ROOT / "pipelines" / "demo.yaml"
+    plain = load_config(path)
+    assert quantize_config(plain) == QuantizeConfig(
+        dtype=plain.quantize.dtype, dense_dtype=plain.quantize.dense_dtype,
+        num_shards=plain.quantize.num_shards, request_size=DEFAULT_REQUEST_SIZE)
+    # an unchanged section keeps the step's key: the new keys appear only when set
+    assert set(quantize_settings(plain)) == {"dtype", "dense_dtype", "num_shards"}
+    cfg = load_config(path, ["quantize.per_table={C1: int4}",
+                             "quantize.device_memory_bytes=1000000",
+                             "quantize.request_size=64"])
+    q = quantize_config(cfg)
+    assert (q.table_dtype("C1"), q.table_dtype("C2")) == ("int4", plain.quantize.dtype)
+    assert (q.device_memory_bytes, q.request_size) == (1_000_000, 64)
+    assert quantize_settings(cfg)["per_table"] == {"C1": "int4"}
+    check_pipeline(cfg, str(path))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(path.read_text() + "\nquantize:\n  per_table: {C1: int3}\n")
+    with pytest.raises(ConfigError, match="int3"):
+        check_pipeline(load_config(bad), str(bad))

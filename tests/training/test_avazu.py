@@ -17,8 +17,8 @@ import torch
 from ctrctl.config import load_config
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.data.preprocess import preprocess
-from ctrctl.inference.predictor import predict_split
 from ctrctl.metrics.functional import roc_auc
+from ctrctl.models.scoring import predict_split
 from ctrctl.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from ctrctl.data.manifest import DatasetManifest, DenseFeature, SparseFeature, SplitInfo
+from ctrctl.models.build import dlrm_from_manifest
 from ctrctl.modules import DLRM
 from ctrctl.modules.cached_embedding import CachedEmbeddingBag
 from ctrctl.sparse import KeyedJaggedTensor
 from ctrctl.training.cache_report import cache_metrics, format_cache_report
-from ctrctl.training.model import dlrm_from_manifest
 
 ROWS = {"C1": 4000, "C2": 900, "C3": 30}
 LOAD = {"C1": 0.05, "C2": 0.2}  # C3 stays resident

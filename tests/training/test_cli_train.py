@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ctrctl import checkpoint as ckpt
-from ctrctl.inference.predictor import predict_split
+from ctrctl.models.scoring import predict_split
 from ctrctl.testing.datasets import SyntheticDataset, make_dataset
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,10 +13,10 @@ from ctrctl import checkpoint as ckpt
 from ctrctl.config import load_config
 from ctrctl.distributed.default_plan import forced_plan
 from ctrctl.distributed.processes import run_multiprocess
-from ctrctl.inference.predictor import load_model
+from ctrctl.models import build as model_io
+from ctrctl.models.scoring import load_model
 from ctrctl.testing.datasets import make_dataset
 from ctrctl.testing.training_ranks import train_body
-from ctrctl.training import model as model_io
 
 OVERRIDES = [
     "model.embedding_dim=8", "model.dense_arch=[16,8]", "model.over_arch=[16,1]",

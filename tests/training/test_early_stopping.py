@@ -127,7 +127,7 @@ def test_without_a_validation_split_the_cap_ends_the_run(tmp_path: Path) -> None
 @pytest.mark.distributed
 def test_best_weights_restore_sharded_on_two_ranks(ds: SyntheticDataset, tmp_path: Path) -> None:
     from ctrctl.distributed.default_plan import forced_plan
-    from ctrctl.training import model as model_io
+    from ctrctl.models import build as model_io
 
     cfg = load_config(None, OVERRIDES)
     model = model_io.build_model(cfg, ds.manifest, torch.device("cpu"))

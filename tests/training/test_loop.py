@@ -11,8 +11,8 @@ import torch
 from ctrctl import checkpoint as ckpt
 from ctrctl.config import load_config
 from ctrctl.errors import OutputExistsError
-from ctrctl.inference.predictor import load_model, predict_split
 from ctrctl.metrics.functional import roc_auc
+from ctrctl.models.scoring import load_model, predict_split
 from ctrctl.testing.datasets import SyntheticDataset, make_dataset
 from ctrctl.training.loop import train
 

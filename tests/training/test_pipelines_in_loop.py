@@ -53,7 +53,7 @@ def _resume_on_two_ranks(ds: SyntheticDataset, tmp_path: Path, overrides: list[s
                          types: dict[str, str], pipelines: list[str]) -> dict:  # type: ignore[type-arg]
     """Whole and resumed runs of each pipeline on 2 ranks under a per-table plan."""
     from ctrctl.distributed.default_plan import forced_plan
-    from ctrctl.training import model as model_io
+    from ctrctl.models import build as model_io
 
     model = model_io.build_model(load_config(None, overrides), ds.manifest, torch.device("cpu"))
     tables = model.sparse_arch.embedding_bag_configs()  # type: ignore[operator]

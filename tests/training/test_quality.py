@@ -12,8 +12,8 @@ from ctrctl.config import load_config
 from ctrctl.data.preprocess import preprocess
 from ctrctl.data.synthetic import synthesize
 from ctrctl.data.synthetic_specs import format_spec
-from ctrctl.inference.predictor import predict_split
 from ctrctl.metrics.functional import roc_auc
+from ctrctl.models.scoring import predict_split
 from ctrctl.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,8 +25,8 @@ from ctrctl import checkpoint as ckpt
 from ctrctl.config import load_config
 from ctrctl.distributed.default_plan import forced_plan
 from ctrctl.distributed.processes import free_port
+from ctrctl.models import build as model_io
 from ctrctl.testing.datasets import make_dataset
-from ctrctl.training import model as model_io
 
 BATCH = 256
 SETTINGS = [

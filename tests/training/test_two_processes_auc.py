@@ -22,8 +22,8 @@ import pytest
 from ctrctl import checkpoint as ckpt
 from ctrctl.config import load_config
 from ctrctl.data.preprocess import preprocess
-from ctrctl.inference.predictor import predict_split
 from ctrctl.metrics.functional import roc_auc
+from ctrctl.models.scoring import predict_split
 from ctrctl.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]

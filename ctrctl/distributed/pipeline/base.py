@@ -50,8 +50,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ctrctl.distributed.comm.groups import ProcessGroup
 from ctrctl.distributed.pipeline.stages import LoadAhead, PrimedForward, all_have_batch
 from ctrctl.distributed.pipeline.trace import Tracer
+from ctrctl.distributed.pipeline.types import Batch, Item, Tag
 
 __all__ = ["BasePipeline", "StepOutput", "TrainPipeline"]
 
@@ -69,7 +71,7 @@ class StepOutput:
     """
 
     loss: torch.Tensor
-    tag: Any
+    tag: Tag
     rows: int
     step: int
 
@@ -96,7 +98,7 @@ class TrainPipeline(abc.ABC):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
                  *, loss_fn: nn.Module | None = None, autocast: bool = False,
-                 tracer: Tracer | None = None, group: Any | None = None) -> None:
+                 tracer: Tracer | None = None, group: ProcessGroup | None = None) -> None:
         self.model, self.optimizer, self.device = model, optimizer, device
         self.loss_fn = loss_fn or nn.BCEWithLogitsLoss()
         self.autocast = autocast
@@ -107,19 +109,19 @@ class TrainPipeline(abc.ABC):
         self.step = 0
         #: The embedding collections whose forward this pipeline primes (none for base).
         self._primed: list[PrimedForward] = []
-        self._items: Iterator[Any] | None = None
+        self._items: Iterator[Item] | None = None
         self._ahead: LoadAhead | None = None
         #: True once the items ran out on some rank (every rank then stops).
         self.exhausted = False
 
     # ---- the interface ------------------------------------------------------------------
     @abc.abstractmethod
-    def progress(self, batches: Iterator[Any]) -> StepOutput:
+    def progress(self, batches: Iterator[Item]) -> StepOutput:
         """Train one step on the next ``(tag, batch)`` of ``batches`` (pass the same iterator
         each call). Raises StopIteration once a rank has no batch left and every batch in
         flight has been trained on."""
 
-    def score(self, batches: Iterator[Any]) -> Iterator[tuple[Any, Any, torch.Tensor]]:
+    def score(self, batches: Iterator[Item]) -> Iterator[tuple[Tag, Batch, torch.Tensor]]:
         """Forward only, through the pipeline's loading stage: ``(tag, batch, logits)`` per
         item. Every rank must take as many items (the caller pads), and drain the iterator."""
         ahead = LoadAhead(batches, self.device, tracer=self.tracer) if self.loads_ahead \
@@ -162,12 +164,12 @@ class TrainPipeline(abc.ABC):
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast)
 
-    def forward(self, batch: Any) -> torch.Tensor:
+    def forward(self, batch: Batch) -> torch.Tensor:
         """The model's logits for a batch already on the device."""
         with self._autocast():
             return self.model(batch.dense, batch.sparse)
 
-    def loss(self, logits: torch.Tensor, batch: Any) -> torch.Tensor:
+    def loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         return self.loss_fn(logits.float(), batch.labels)
 
     def backward_and_step(self, loss: torch.Tensor, step: int) -> None:
@@ -178,7 +180,7 @@ class TrainPipeline(abc.ABC):
         with self.tracer.span("optimizer", step):
             self.optimizer.step()
 
-    def pull(self, batches: Iterator[Any]) -> tuple[Any, Any] | None:
+    def pull(self, batches: Iterator[Item]) -> Item | None:
         """The next item on the device, when every rank has one (None: stop everywhere)."""
         if self._items is not batches:
             if self._ahead is not None:
@@ -200,7 +202,7 @@ class TrainPipeline(abc.ABC):
                 return None
         return item
 
-    def output(self, loss: torch.Tensor, tag: Any, batch: Any) -> StepOutput:
+    def output(self, loss: torch.Tensor, tag: Tag, batch: Batch) -> StepOutput:
         self.step += 1
         return StepOutput(loss.detach(), tag, int(batch.labels.shape[0]), self.step)
 
@@ -211,7 +213,7 @@ class BasePipeline(TrainPipeline):
 
     name = "base"
 
-    def progress(self, batches: Iterator[Any]) -> StepOutput:
+    def progress(self, batches: Iterator[Item]) -> StepOutput:
         step = self.step
         with self.tracer.span("load", step):
             item = self.pull(batches)

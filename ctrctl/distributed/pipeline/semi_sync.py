@@ -34,6 +34,7 @@ from ctrctl.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from ctrctl.distributed.model_parallel import DistributedModelParallel
 from ctrctl.distributed.pipeline.base import StepOutput, TrainPipeline
 from ctrctl.distributed.pipeline.stages import PrimedForward
+from ctrctl.distributed.pipeline.types import Batch, Item, Tag
 from ctrctl.distributed.sharding.base import EmbeddingSharding
 from ctrctl.errors import ConfigError
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
@@ -62,8 +63,8 @@ def _result(lookup: Future[list[KeyedTensor]], i: int) -> KeyedTensor:
 
 @dataclass
 class _Ahead:
-    tag: Any
-    batch: Any
+    tag: Tag
+    batch: Batch
     lookup: Future[list[KeyedTensor]] | None = None
 
 
@@ -106,11 +107,11 @@ class SemiSyncPipeline(TrainPipeline):
         self._next: _Ahead | None = None
         self._started = False
 
-    def _lookup(self, batch: Any, step: int) -> list[KeyedTensor]:
+    def _lookup(self, batch: Batch, step: int) -> list[KeyedTensor]:
         with self.tracer.span("embedding_ahead", step), self._autocast():
             return [p.original(batch.sparse) for p in self._primed]
 
-    def progress(self, batches: Iterator[Any]) -> StepOutput:
+    def progress(self, batches: Iterator[Item]) -> StepOutput:
         step = self.step
         if not self._started:
             self._started = True

@@ -30,6 +30,7 @@ from torch import nn
 from ctrctl.distributed.embeddingbag import EBCInputDist, ShardedEmbeddingBagCollection
 from ctrctl.distributed.pipeline.base import StepOutput, TrainPipeline
 from ctrctl.distributed.pipeline.stages import LoadAhead, PrimedForward
+from ctrctl.distributed.pipeline.types import Batch, Item, Tag
 
 __all__ = ["SparseDistPipeline", "sharded_collections"]
 
@@ -43,8 +44,8 @@ def sharded_collections(model: nn.Module) -> list[ShardedEmbeddingBagCollection]
 class InFlight:
     """A batch read ahead, with its input distribution started in every sharded collection."""
 
-    tag: Any
-    batch: Any
+    tag: Tag
+    batch: Batch
     dists: list[EBCInputDist] = field(default_factory=list)
 
     def launch(self) -> None:
@@ -71,7 +72,7 @@ class SparseDistPipeline(TrainPipeline):
         self._next: InFlight | None = None
         self._started = False
 
-    def start(self, item: tuple[Any, Any], step: int) -> InFlight:
+    def start(self, item: Item, step: int) -> InFlight:
         """Stage 2, first half: route the batch's ids and send the split sizes."""
         tag, batch = item
         with self.tracer.span("input_dist.splits", step):
@@ -94,7 +95,7 @@ class SparseDistPipeline(TrainPipeline):
         if upcoming is not None:
             self.launch(upcoming, step)
 
-    def progress(self, batches: Iterator[Any]) -> StepOutput:
+    def progress(self, batches: Iterator[Item]) -> StepOutput:
         step = self.step
         if not self._started:
             self._started = True
@@ -116,7 +117,7 @@ class SparseDistPipeline(TrainPipeline):
         self._next = upcoming
         return self.output(loss, current.tag, current.batch)
 
-    def score(self, batches: Iterator[Any]) -> Iterator[tuple[Any, Any, torch.Tensor]]:
+    def score(self, batches: Iterator[Item]) -> Iterator[tuple[Tag, Batch, torch.Tensor]]:
         """Forward only with the same stages: batch i+1's ids travel while batch i scores."""
         ahead = LoadAhead(batches, self.device, tracer=self.tracer)
         upcoming: InFlight | None = None

@@ -22,13 +22,15 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ctrctl.distributed.comm.groups import ProcessGroup
 from ctrctl.distributed.pipeline.trace import Tracer
+from ctrctl.distributed.pipeline.types import Batch, Item
 from ctrctl.sparse.jagged_tensor import KeyedJaggedTensor
 from ctrctl.sparse.keyed_tensor import KeyedTensor
 
@@ -37,7 +39,7 @@ __all__ = ["LoadAhead", "PrimedForward", "all_have_batch", "batch_tensors"]
 _DONE = object()
 
 
-def batch_tensors(batch: Any) -> list[torch.Tensor]:
+def batch_tensors(batch: Batch) -> list[torch.Tensor]:
     """Every tensor a batch holds (dense, labels and its KJT's), for stream bookkeeping."""
     out: list[torch.Tensor] = []
     for value in (getattr(batch, name, None) for name in ("dense", "labels", "sparse")):
@@ -64,7 +66,7 @@ class LoadAhead:
     are dropped: the loop's saved position is that of the last batch it trained on).
     """
 
-    def __init__(self, source: Iterator[Any], device: torch.device, depth: int = 2,
+    def __init__(self, source: Iterator[Item], device: torch.device, depth: int = 2,
                  tracer: Tracer | None = None) -> None:
         self.device = device
         self._source = source
@@ -82,16 +84,16 @@ class LoadAhead:
             n = 0
             while not self._stop.is_set():
                 with self._tracer.span("load", n):
-                    item = next(self._source, _DONE)
+                    item: object = next(self._source, _DONE)
                     if item is not _DONE:
-                        item = self._to_device(item)
+                        item = self._to_device(cast(Item, item))
                 if not self._put(item) or item is _DONE:
                     return
                 n += 1
         except BaseException as exc:  # handed to the consumer, raised there
             self._put(exc)
 
-    def _to_device(self, item: Any) -> Any:
+    def _to_device(self, item: Item) -> tuple[Any, ...]:
         tag, batch = item
         if self._stream is None:
             return tag, batch.to(self.device)
@@ -110,7 +112,7 @@ class LoadAhead:
                 continue
         return False
 
-    def next(self) -> Any | None:
+    def next(self) -> Item | None:
         """The next ``(tag, batch)`` on the device, or None when the source is exhausted."""
         if self._exhausted:
             return None
@@ -188,7 +190,7 @@ class PrimedForward:
         return out
 
 
-def all_have_batch(have: bool, group: Any | None = None) -> bool:
+def all_have_batch(have: bool, group: ProcessGroup | None = None) -> bool:
     """True when every rank of ``group`` has a batch (one int all-reduce; True alone)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
         return have

@@ -25,246 +25,43 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ctrctl.errors import CtrctlError, DistributedError
-from ctrctl.modules.buffers import ReusableBuffer, reusable_empty
+# The process groups and the failure handling live beside: re-exported, so ``comm.X`` names
+# every piece of the collectives' API.
+from ctrctl.distributed.comm.failures import (  # noqa: F401
+    ROLL_CALL_S,
+    collective,
+    diagnose,
+    fail_fast,
+    failed_ranks,
+    mark_failed,
+    rank_guard,
+)
+from ctrctl.distributed.comm.groups import (  # noqa: F401
+    DEFAULT_TIMEOUT,
+    ProcessGroup,
+    default_backend,
+    group_timeout,
+    init_process_group,
+    new_group,
+)
+from ctrctl.errors import DistributedError
+from ctrctl.modules.native.buffers import ReusableBuffer, reusable_empty
 
 logger = logging.getLogger(__name__)
 
-#: Default timeout of every process group ctrctl creates.
-DEFAULT_TIMEOUT = timedelta(seconds=300)
-#: How long survivors of a failed collective wait for each other to learn who is missing.
-ROLL_CALL_S = 10.0
-_FAILED_KEY = "ctrctl/failed/"
-_ALIVE_KEY = "ctrctl/alive/"
 
-ProcessGroup = Any  # torch.distributed.ProcessGroup; Any keeps mypy quiet across versions
 
 # torch 2.13 renames the tensor forms (the old names warn); older torch has only the old ones.
 _reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 _all_gather_tensor = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
-
-
-# ---- process groups --------------------------------------------------------------------------
-def default_backend(device: torch.device | str | None = None) -> str:
-    """``nccl`` for a CUDA device, ``gloo`` otherwise."""
-    kind = torch.device(device).type if device is not None else "cpu"
-    return "nccl" if kind == "cuda" else "gloo"
-
-
-def init_process_group(
-    backend: str | None = None,
-    timeout: timedelta = DEFAULT_TIMEOUT,
-    device: torch.device | str | None = None,
-) -> ProcessGroup:
-    """Initialise the default process group from torchrun's environment, with a timeout.
-
-    Args:
-        backend: ``gloo`` or ``nccl``; default from ``device``.
-        timeout: every collective on the group fails after this long instead of hanging.
-        device: the device this rank computes on.
-
-    Returns:
-        The default process group (already initialised groups are returned as they are).
-
-    Example:
-        >>> pg = init_process_group(timeout=timedelta(seconds=60))
-    """
-    if dist.is_initialized():
-        return dist.group.WORLD
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        if name not in os.environ:
-            raise DistributedError(
-                f"environment variable {name} is not set",
-                where="init_process_group",
-                hint="start the ranks with torchrun (ctrctl train --nproc-per-node N)",
-            )
-    dist.init_process_group(backend or default_backend(device), timeout=timeout)
-    return dist.group.WORLD
-
-
-def group_timeout(group: ProcessGroup | None = None) -> timedelta:
-    """The timeout ``group`` (default: the world) was created with.
-
-    Falls back to :data:`DEFAULT_TIMEOUT` where the backend does not say.
-    """
-    pg: Any = group if group is not None else dist.group.WORLD
-    for device in getattr(pg, "_device_types", None) or [torch.device("cpu")]:
-        try:
-            timeout = pg._get_backend(device).options._timeout
-        except (AttributeError, RuntimeError):
-            continue
-        if isinstance(timeout, timedelta):
-            return timeout
-    return DEFAULT_TIMEOUT
-
-
-def new_group(ranks: Sequence[int], timeout: timedelta | None = None,
-              parent: ProcessGroup | None = None) -> ProcessGroup:
-    """A sub-group (e.g. the ranks of one host) with a timeout. Every rank must call it.
-
-    Args:
-        ranks: global ranks of the members.
-        timeout: how long its collectives wait; default: the timeout of ``parent``.
-        parent: the group it is carved from (default: the world).
-
-    Example:
-        >>> host = new_group([0, 1], parent=pg)      # waits as long as pg does
-    """
-    return dist.new_group(list(ranks), timeout=timeout or group_timeout(parent))
-
-
-# ---- failures --------------------------------------------------------------------------------
-def _store() -> Any | None:
-    try:
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        return _get_default_store()
-    except Exception:  # no default group, or a torch without the helper
-        return None
-
-
-def mark_failed(message: str, rank: int | None = None) -> None:
-    """Record in the rendezvous store that this rank failed, so that others can name it."""
-    store = _store()
-    if store is None:
-        return
-    rank = dist.get_rank() if rank is None else rank
-    try:
-        store.set(f"{_FAILED_KEY}{rank}", message[:500])
-    except Exception:  # the store may be gone too; nothing more to do
-        logger.debug("could not record the failure of rank %d", rank)
-
-
-def failed_ranks() -> dict[int, str]:
-    """Ranks that recorded a failure with :func:`mark_failed`, and their messages."""
-    store = _store()
-    if store is None or not dist.is_initialized():
-        return {}
-    found = {}
-    for rank in range(dist.get_world_size()):
-        key = f"{_FAILED_KEY}{rank}"
-        try:
-            if store.check([key]):
-                found[rank] = store.get(key).decode(errors="replace")
-        except Exception:
-            break
-    return found
-
-
-def _roll_call(wait_s: float) -> tuple[list[int] | None, str]:
-    """Survivors mark themselves alive and wait briefly for each other; who is missing?
-
-    Returns (missing ranks or None when the store is unreachable, a note).
-    """
-    store = _store()
-    if store is None:
-        return None, "no rendezvous store to ask"
-    world, me = dist.get_world_size(), dist.get_rank()
-    try:
-        store.set(f"{_ALIVE_KEY}{me}", "1")
-        deadline = time.monotonic() + wait_s
-        while True:
-            missing = [r for r in range(world) if not store.check([f"{_ALIVE_KEY}{r}"])]
-            if not missing or time.monotonic() > deadline:
-                return missing, ""
-            time.sleep(0.05)
-    except Exception as exc:  # the store lives in one process (rank 0 or torchrun's agent)
-        return None, f"the rendezvous store is unreachable ({type(exc).__name__}); " \
-                     "rank 0 or the launcher hosting it has probably died"
-
-
-def diagnose(exc: BaseException, what: str) -> DistributedError:
-    """Turn a failed collective into a :class:`DistributedError` naming the rank(s) at fault."""
-    if isinstance(exc, DistributedError):
-        return exc
-    me = dist.get_rank() if dist.is_initialized() else -1
-    reported = failed_ranks()
-    if reported:
-        who = "; ".join(f"rank {r} failed: {m}" for r, m in sorted(reported.items()))
-        return DistributedError(f"{what} stopped because another rank failed ({who})",
-                                where=f"rank {me}",
-                                hint="fix the failing rank; the others stopped with it")
-    missing, note = _roll_call(ROLL_CALL_S)
-    reported = failed_ranks()  # a rank may have written its reason during the roll call
-    if reported:
-        who = "; ".join(f"rank {r} failed: {m}" for r, m in sorted(reported.items()))
-        return DistributedError(f"{what} stopped because another rank failed ({who})",
-                                where=f"rank {me}")
-    if missing:
-        ranks = ", ".join(str(r) for r in missing)
-        return DistributedError(
-            f"{what} failed: rank(s) {ranks} did not arrive (killed, crashed or hung) "
-            f"[{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}]",
-            where=f"rank {me}",
-            hint="look at the log of the rank(s) named; the others stopped instead of hanging")
-    detail = note or "every rank is alive; the collective itself failed"
-    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return DistributedError(f"{what} failed: {first} ({detail})", where=f"rank {me}")
-
-
-@contextlib.contextmanager
-def collective(what: str) -> Iterator[None]:
-    """Run collectives; a failure becomes a :class:`DistributedError` naming the rank at fault."""
-    try:
-        yield
-    except DistributedError:
-        raise
-    except (RuntimeError, OSError, ValueError) as exc:
-        # gloo reports timeouts and closed peers as RuntimeError (DistBackendError in newer
-        # torch, a subclass): anything else raised here is a bug and passes through.
-        if not dist.is_initialized():
-            raise
-        raise diagnose(exc, what) from exc
-
-
-@contextlib.contextmanager
-def rank_guard(what: str = "training step") -> Iterator[None]:
-    """:func:`fail_fast` around :func:`collective`: the guard for a whole training step.
-
-    A collective that fails because another rank died becomes a DistributedError naming that
-    rank (and is not blamed on this one); any other exception is recorded for the others.
-
-    Example:
-        >>> with rank_guard():
-        ...     loss = loss_fn(dmp(dense, kjt), labels); loss.backward(); opt.step()
-    """
-    with fail_fast(), collective(what):
-        yield
-
-
-@contextlib.contextmanager
-def fail_fast() -> Iterator[None]:
-    """Wrap a rank's work: an exception raised here is written to the store before it leaves.
-
-    The other ranks, stuck in (or failing) their next collective, then name this rank and its
-    error instead of reporting a bare timeout. Failures that came from other ranks
-    (:class:`DistributedError`) are not recorded again.
-
-    Example:
-        >>> with fail_fast():
-        ...     train_one_epoch(model, batches)
-    """
-    try:
-        yield
-    except DistributedError:
-        raise
-    except BaseException as exc:
-        if dist.is_initialized():
-            text = exc.render() if isinstance(exc, CtrctlError) else f"{type(exc).__name__}: {exc}"
-            mark_failed(text)
-        raise
 
 
 # ---- jagged all-to-all (input distribution) --------------------------------------------------
@@ -405,7 +202,7 @@ def start_jagged_all_to_all(
 # ---- output distribution buffers -------------------------------------------------------------
 class OutputDistBuffers:
     """The memory one output distribution reuses step after step (see
-    :mod:`ctrctl.modules.buffers`: fresh tens of MB cost tens of ms in page faults here).
+    :mod:`ctrctl.modules.native.buffers`: fresh tens of MB cost tens of ms in page faults here).
 
     One per call site (a sharding group's ``output_dist``): forward's receive buffer and
     output, backward's send buffer and gradient. Each is handed out again only when nothing

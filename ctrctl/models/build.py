@@ -1,6 +1,7 @@
-"""The model the trainer builds, and the few places where training touches its insides.
+"""The model a pipeline config describes, and the few places where training touches its insides.
 
-Everything the loop, checkpoints and prediction need from a model goes through here:
+Everything the loop, checkpoints, scoring and quantization need from a model goes through
+here:
 building a DLRM from the config and the manifest, wrapping it for several ranks
 (:func:`wrap_model`, the single integration point with DistributedModelParallel), and moving
 table and dense state in and out of checkpoints. An unsharded model and a sharded one look
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ctrctl.config import PipelineConfig
+from ctrctl.config import EmbeddingOptimizerSection, PipelineConfig
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.distributed import checkpoint as dist_ckpt  # a module: it imports training
 from ctrctl.distributed.types import ShardingPlan
@@ -32,19 +33,42 @@ from ctrctl.modules.batched_embedding import Backend
 from ctrctl.modules.dlrm import Interaction
 from ctrctl.modules.embedding_configs import PoolingType
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
-from ctrctl.training.optimizers import EMBEDDING_KINDS, embedding_optimizer
 
 __all__ = [
+    "EMBEDDING_KINDS",
     "build_model",
     "dlrm_from_manifest",
     "dense_parameters",
     "dense_state",
+    "embedding_optimizer",
     "load_dense_state",
     "load_tables",
     "table_info",
     "wrap_model",
 ]
 
+
+#: Config names -> the kernel's (FBGEMM's) names of the exact optimizers.
+EMBEDDING_KINDS = {
+    "rowwise_adagrad": "exact_rowwise_adagrad",
+    "adagrad": "exact_adagrad",
+    "sgd": "exact_sgd",
+}
+
+
+def embedding_optimizer(section: EmbeddingOptimizerSection) -> EmbeddingOptimizerConfig:
+    """The kernels' fused optimizer settings from the pipeline YAML's section.
+
+    A ``weight_decay`` is applied as an L2 term on the gradient (rowwise Adagrad only, as the
+    kernels implement it).
+    """
+    return EmbeddingOptimizerConfig(
+        kind=EMBEDDING_KINDS[section.kind],  # type: ignore[arg-type]
+        lr=section.lr,
+        eps=section.eps,
+        weight_decay=section.weight_decay,
+        weight_decay_mode="l2" if section.weight_decay else "none",
+    )
 
 def build_model(config: PipelineConfig, manifest: DatasetManifest,
                 device: torch.device) -> nn.Module:

@@ -1,4 +1,4 @@
-"""The serving model: a trained DLRM's dense part over quantized tables split into shards.
+"""The sharded serving DLRM: a trained DLRM's dense part over quantized tables split into shards.
 
 Inputs are flat, as a request arrives (no jagged-tensor classes, so an exported program
 needs nothing but torch and fbgemm_gpu)::
@@ -16,7 +16,7 @@ the trained model's feature order before the interaction, so one shard or severa
 the same bytes to the same dense layers: sharded scores equal unsharded ones bitwise.
 
 Example:
-    >>> model = ServingModel(dlrm, shards, feature_order)
+    >>> model = ShardedDLRM(dlrm, shards, feature_order)
     >>> scores = model(dense, ids, lengths)                  # (B,)
 """
 
@@ -36,7 +36,7 @@ from ctrctl.modules.quant_embedding import QuantEmbeddingBagCollection
 DENSE_DTYPES = ("fp32", "bf16", "int8")
 
 
-class ServingModel(nn.Module):
+class ShardedDLRM(nn.Module):
     """Scores requests with quantized, sharded tables.
 
     Args:
@@ -61,7 +61,7 @@ class ServingModel(nn.Module):
         if sorted(self.input_features) != sorted(model_features):
             raise ConfigError(
                 f"the shards hold features {sorted(self.input_features)} but the model has "
-                f"{sorted(model_features)}", where="ServingModel",
+                f"{sorted(model_features)}", where="ShardedDLRM",
                 hint="place every table of the model on exactly one shard")
         self.num_dense_features = dlrm.num_dense_features
         self.num_sparse_features = dlrm.num_sparse_features
@@ -179,7 +179,7 @@ class FusedLinear(nn.Module):
     the ReLU (a bfloat16 ReLU of 512 x 512 takes about 40 us here, a third of the GEMM). The
     op is torch's own (the one TorchInductor emits for CPU linear layers), so an exported
     program that calls it still needs nothing but torch; it has no CUDA kernel, and
-    :class:`ServingModel` uses it only for CPU shards. At a request of 512 candidates the
+    :class:`ShardedDLRM` uses it only for CPU shards. At a request of 512 candidates the
     six layers of the benchmark's DLRM take about 0.3 ms less this way.
 
     Args:

@@ -1,44 +1,15 @@
-"""Pipeline configs: a YAML file, typed by pydantic, with ``key=value`` overrides, then frozen.
-
-A pipeline YAML has one section per step; every section and key is declared here, so a
-misspelt key is an error naming the key and the file (``extra="forbid"``), not a silently
-ignored setting. Overrides from the command line are dotted paths into the same tree and are
-type-checked the same way::
-
-    training.batch_size=1024  model.dense_arch=[64,32,16]  dense_optimizer.kind=adam
-
-Values of overrides are parsed as YAML scalars/lists (``1e-3``, ``true``, ``[1,2]``).
-
-Example:
-    >>> cfg = load_config("pipelines/default.yaml", ["training.epochs=2"])
-    >>> cfg.training.epochs
-    2
-    >>> cfg.model.embedding_dim
-    16
-"""
+"""The sections of a pipeline YAML, one pydantic model per step, and the whole
+:class:`PipelineConfig`. Loading, overrides and error locations are in
+:mod:`ctrctl.config.loading`; import both from :mod:`ctrctl.config`."""
 
 from __future__ import annotations
 
-import copy
-import logging
 import warnings
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_validator,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from ctrctl.errors import ConfigError
-from ctrctl.io import path_name_problem, read_text
+from ctrctl.io import path_name_problem
 from ctrctl.names import ComputeKernel, ShardingType
 
 __all__ = [
@@ -53,19 +24,10 @@ __all__ = [
     "PreprocessConfig",
     "QuantizeStepConfig",
     "RegisterConfig",
-    "ResolvedSizes",
     "RunnerConfig",
     "SynthConfig",
     "TableConstraintConfig",
     "TrainingConfig",
-    "apply_overrides",
-    "auto_batch_size",
-    "defaults_path",
-    "dump_config",
-    "key_location",
-    "load_config",
-    "parse_config",
-    "resolve_sizes",
 ]
 
 
@@ -279,95 +241,6 @@ class TrainingConfig(_Section):
     trace: str | None = None
 
 
-#: Automatic batch sizes: about one batch per this many training rows, as a power of two
-#: between the bounds below (7,200 rows -> 64, 60k -> 512, 1M and more -> 4,096).
-AUTO_BATCH_ROWS = 100
-AUTO_BATCH_MIN, AUTO_BATCH_MAX = 64, 4096
-#: Automatic epochs: enough passes for about this many steps (early stopping usually ends
-#: the run sooner), at most AUTO_MAX_EPOCHS; a 10M-row split gets one epoch.
-AUTO_TARGET_STEPS = 2000
-AUTO_MAX_EPOCHS = 20
-#: Automatic validation: four times an epoch but no more often than every AUTO_VAL_STEPS
-#: steps (so once an epoch for short epochs), and at least AUTO_MIN_VALIDATIONS times a run.
-AUTO_VAL_PER_EPOCH = 4
-AUTO_VAL_STEPS = 25
-AUTO_MIN_VALIDATIONS = 4
-#: A run of fewer steps than this gets a warning: the model has barely moved.
-FEW_STEPS = 50
-
-
-@dataclass(frozen=True)
-class ResolvedSizes:
-    """The training sizes in use, after those left at ``null`` were chosen from the data.
-
-    Attributes:
-        rows: training rows per epoch (all ranks together).
-        batch_size, epochs, val_every: as :class:`TrainingConfig`, resolved.
-        max_steps: the explicit step cap, or None.
-        steps_per_epoch, total_steps: steps per epoch and the cap on steps in all.
-        chosen: the keys that were chosen from the data (not set in the config).
-    """
-
-    rows: int
-    batch_size: int
-    epochs: int
-    max_steps: int | None
-    val_every: int
-    steps_per_epoch: int
-    total_steps: int
-    chosen: tuple[str, ...]
-
-    def describe(self) -> str:
-        """One line for the log: every size, and which were chosen from the data."""
-        auto = f" (from {self.rows:,} rows: {', '.join(self.chosen)})" if self.chosen else ""
-        cap = f"max_steps {self.max_steps}" if self.max_steps else f"epochs {self.epochs}"
-        return (f"batch_size {self.batch_size}, {cap}, {self.steps_per_epoch} steps per "
-                f"epoch, at most {self.total_steps} steps, val_every {self.val_every}{auto}")
-
-
-def auto_batch_size(rows: int, world_size: int = 1) -> int:
-    """The batch size chosen for ``rows`` training rows: see :data:`AUTO_BATCH_ROWS`."""
-    target = max(rows // AUTO_BATCH_ROWS, 1)
-    batch = 1 << max(target.bit_length() - 1, 0)  # the power of two at or below
-    batch = min(max(batch, AUTO_BATCH_MIN), AUTO_BATCH_MAX)
-    return -(-batch // world_size) * world_size  # a multiple of the world size
-
-
-def resolve_sizes(training: TrainingConfig, rows: int, world_size: int = 1,
-                  drop_last: bool | None = None) -> ResolvedSizes:
-    """Batch size, epochs and validation cadence for a training split of ``rows`` rows.
-
-    Keys set in ``training`` are kept; those left at ``null`` follow from ``rows`` (small
-    data: small batches and several epochs; large data: large batches, one epoch).
-
-    Example:
-        >>> resolve_sizes(TrainingConfig(), 7200).batch_size
-        64
-    """
-    chosen = []
-    batch = training.batch_size
-    if batch is None:
-        batch = auto_batch_size(rows, world_size)
-        chosen.append("batch_size")
-    drop = training.drop_last if drop_last is None else drop_last
-    per_epoch = (rows // batch) if drop else -(-rows // batch)
-    per_epoch = max(per_epoch, 1)
-    epochs = training.epochs
-    if epochs is None:
-        epochs = min(max(-(-AUTO_TARGET_STEPS // per_epoch), 1), AUTO_MAX_EPOCHS)
-        if training.max_steps is None:
-            chosen.append("epochs")
-    total = training.max_steps or epochs * per_epoch
-    val_every = training.val_every
-    if val_every is None:
-        often = max(AUTO_VAL_STEPS, per_epoch // AUTO_VAL_PER_EPOCH)
-        val_every = max(1, min(per_epoch, total // AUTO_MIN_VALIDATIONS, often))
-        chosen.append("val_every")
-    return ResolvedSizes(rows=rows, batch_size=batch, epochs=epochs,
-                         max_steps=training.max_steps, val_every=val_every,
-                         steps_per_epoch=per_epoch, total_steps=total, chosen=tuple(chosen))
-
-
 # ---- sections of the other steps -----------------------------------------------------------
 class PreprocessConfig(_Section):
     """What a pipeline says about its dataset.
@@ -495,14 +368,21 @@ class QuantizeStepConfig(_Section):
     Attributes:
         enabled: run the quantize step (and so the registration of its model).
         dtype: the type of the embedding tables (``int8``, ``int4``, ``fp16`` ...).
+        per_table: table -> type, for tables that differ from ``dtype``.
         dense_dtype: the type of the dense layers (``fp32``, ``bf16``, ``int8``).
         num_shards: serving shards the tables are placed on.
+        device_memory_bytes: table memory per serving shard (unset: unlimited).
+        request_size: candidates per request, for the placement's costs (unset: the
+            quantizer's default).
     """
 
     enabled: bool = True
     dtype: str = "int8"
+    per_table: dict[str, str] = Field(default_factory=dict)
     dense_dtype: str = "fp32"
     num_shards: int = Field(default=1, ge=1)
+    device_memory_bytes: int | None = Field(default=None, ge=1)
+    request_size: int | None = Field(default=None, ge=1)
 
 
 class RegisterConfig(_Section):
@@ -566,220 +446,3 @@ with warnings.catch_warnings():
         def to_dict(self) -> dict[str, Any]:
             """The resolved config as plain JSON-friendly data (what MLflow and checkpoints keep)."""
             return self.model_dump(mode="json")
-
-
-# ---- loading -----------------------------------------------------------------------------
-def _key_line(text: str, loc: Sequence[Any]) -> int | None:
-    """The 1-based line of the key at ``loc`` in YAML ``text`` (None when not found)."""
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return None
-    line = None
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                if key_node.value == str(part):
-                    line, node = key_node.start_mark.line + 1, value_node
-                    break
-            else:
-                return line
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-            if part >= len(node.value):
-                return line
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
-            return line
-    return line
-
-
-def key_location(path: str | Path, loc: Sequence[Any]) -> str:
-    """``FILE:LINE`` of the key at ``loc`` (e.g. ``("eval", "gates", "auc")``) in a YAML file;
-    just ``FILE`` when the file cannot be read or the key is not in it (a default)."""
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError):
-        return str(path)
-    line = _key_line(text, loc)
-    return f"{path}:{line}" if line else str(path)
-
-
-def _raise_validation(exc: ValidationError, where: str, text: str | None) -> None:
-    """Turn pydantic's first error into a ConfigError naming the key, file and line."""
-    first = exc.errors()[0]
-    loc = [p for p in first["loc"] if p not in ("function-after",)]
-    key = ".".join(str(p) for p in loc) or "(top level)"
-    if first["type"] == "extra_forbidden":
-        message = f"unknown key {key!r}"
-        hint = "check the spelling; the keys are documented in ctrctl/config.py"
-    else:
-        message = f"{key}: {first['msg']}"
-        hint = None
-    line = _key_line(text, loc) if text is not None else None
-    raise ConfigError(message, where=f"{where}:{line}" if line else where, hint=hint) from None
-
-
-#: Keys that no command read and were removed; configs saved in older checkpoints still
-#: carry them, so they are dropped (with a warning) rather than refused.
-REMOVED_KEYS: tuple[tuple[str, str], ...] = (
-    ("preprocess", "schema_path"), ("preprocess", "inputs"), ("eval", "splits"))
-
-
-#: Model settings added after ctrctl began saving configs (a run's ``config.json``, a
-#: checkpoint's metadata), with the value that builds the model such a config saved.
-ADDED_SINCE: tuple[tuple[str, str, Any], ...] = (("model", "first_order", False),)
-
-
-def as_saved_before(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A config ctrctl saved, with each setting it predates (:data:`ADDED_SINCE`) at the
-    value its run trained with; user configs are not passed here (they get the defaults)."""
-    out = dict(data)
-    for section, key, value in ADDED_SINCE:
-        part = out.get(section)
-        part = dict(part) if isinstance(part, Mapping) else {}
-        part.setdefault(key, value)
-        out[section] = part
-    return out
-
-
-def _drop_removed(data: Mapping[str, Any], where: str) -> dict[str, Any]:
-    out = dict(data)
-    for section, key in REMOVED_KEYS:
-        part = out.get(section)
-        if isinstance(part, Mapping) and key in part:
-            out[section] = {k: v for k, v in part.items() if k != key}
-            logging.getLogger(__name__).warning(
-                "%s: %s.%s is no longer a setting (no command read it); ignored",
-                where, section, key)
-    return out
-
-
-def parse_config(
-    data: Mapping[str, Any] | None, where: str = "config", text: str | None = None
-) -> PipelineConfig:
-    """Validate a config's data.
-
-    Args:
-        data: the parsed YAML (a mapping) or None for all defaults.
-        where: where it came from, for error messages.
-        text: the YAML source, to point errors at a line.
-
-    Raises:
-        ConfigError: naming the unknown or invalid key and where it is.
-    """
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise ConfigError("a pipeline config must be a mapping of sections", where=where)
-    try:
-        return PipelineConfig.model_validate(_drop_removed(data, where))
-    except ValidationError as exc:
-        _raise_validation(exc, where, text)
-        raise  # unreachable: _raise_validation always raises
-
-
-def _parse_value(raw: str) -> Any:
-    try:
-        return yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        return raw
-
-
-def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Set dotted ``key=value`` overrides into a copy of a config's data.
-
-    Args:
-        data: the config's data (as parsed from YAML).
-        overrides: ``section.key=value`` strings; values are parsed as YAML.
-
-    Returns:
-        The new data; it is validated by :func:`parse_config`, which names a bad key.
-
-    Raises:
-        ConfigError: when an override is not of the form ``key=value``.
-    """
-    result = copy.deepcopy(dict(data))
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ConfigError(
-                f"override {item!r} is not of the form key=value",
-                where="command line",
-                hint="e.g. training.batch_size=1024",
-            )
-        parts = key.split(".")
-        node: dict[str, Any] = result
-        for part in parts[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {key!r}: {part!r} is not a section",
-                                  where="command line")
-            node = child
-        node[parts[-1]] = _parse_value(raw)
-    return result
-
-
-def defaults_path() -> Path:
-    """The built-in defaults' YAML: ``ctrctl/defaults/default.yaml`` inside the package
-    (``pipelines/default.yaml`` in a checkout is a link to it).
-
-    The pydantic defaults of every section equal this file (a test holds them together),
-    so a pipeline YAML that leaves a key out gets the value written here.
-    """
-    from importlib.resources import files
-
-    return Path(str(files("ctrctl") / "defaults" / "default.yaml"))
-
-
-def dump_config(config: PipelineConfig) -> str:
-    """The resolved config as YAML, sections in file order (what ``ctrctl config show``
-    prints; it loads back to the same config)."""
-    return yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None)
-
-
-def load_config(
-    path: str | Path | None = None, overrides: Sequence[str] = ()
-) -> PipelineConfig:
-    """Load a pipeline YAML, apply overrides, validate, and return the frozen config.
-
-    Args:
-        path: the YAML file; None for the built-in defaults (:func:`defaults_path`).
-        overrides: dotted ``key=value`` strings that win over the file.
-
-    Raises:
-        ConfigError: for a missing or unreadable file, invalid YAML, an unknown key or a
-            value of the wrong type, naming the key and the file (or the command line).
-
-    Example:
-        >>> load_config(None, ["training.seed=3"]).training.seed
-        3
-    """
-    text: str | None = None
-    data: Any = {}
-    if path is None:
-        path = defaults_path()
-    path = Path(path)
-    where = str(path)
-    text = read_text(path, ConfigError, "config file", hint="pass an existing pipelines/*.yaml")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid YAML: {exc}", where=where) from None
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise ConfigError("a pipeline config must be a mapping of sections", where=where)
-    if overrides:
-        merged = apply_overrides(data, overrides)
-        # Validate the file alone first so an error in it points at its line.
-        parse_config(data, where=where, text=text)
-        try:
-            return PipelineConfig.model_validate(_drop_removed(merged, where))
-        except ValidationError as exc:
-            _raise_validation(exc, f"{where} + overrides ({' '.join(overrides)})", None)
-            raise
-    return parse_config(data, where=where, text=text)

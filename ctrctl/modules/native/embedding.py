@@ -20,7 +20,7 @@ places: the row-wise mean of g * g (row-wise Adagrad) and the dot products of
 per-sample-weight gradients are summed in 16 lanes, so those differ from torch's reductions
 by float32 rounding (about one ulp).
 
-The extension (``ctrctl/modules/_embedding_kernel.c``) is optional: where it was not built,
+The extension (``ctrctl/modules/native/_embedding_kernel.c``) is optional: where it was not built,
 :func:`native_available` is False and ``backend="auto"`` takes another kernel.
 
 Example:
@@ -38,13 +38,13 @@ from typing import Any
 import torch
 
 from ctrctl.errors import ConfigError, SparseInputError
-from ctrctl.modules.buffers import ReusableBuffer, advise_huge_pages
 from ctrctl.modules.embedding_kernel import batch_of
+from ctrctl.modules.native.buffers import ReusableBuffer, advise_huge_pages
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.modules.torch_embedding import TorchTableBatchedEmbeddingBags
 
 try:
-    from ctrctl.modules import _embedding_kernel as _ext  # type: ignore[attr-defined]
+    from ctrctl.modules.native import _embedding_kernel as _ext  # type: ignore[attr-defined]
 except ImportError:  # not built (no C compiler at install time)
     _ext = None
 
@@ -186,7 +186,7 @@ class NativeTableBatchedEmbeddingBags(TorchTableBatchedEmbeddingBags):
 
     def _output(self, batch: int) -> torch.Tensor:
         """An uninitialised (batch, total_dim) output, in the previous step's memory when
-        nothing holds that any more (:class:`~ctrctl.modules.buffers.ReusableBuffer`)."""
+        nothing holds that any more (:class:`~ctrctl.modules.native.buffers.ReusableBuffer`)."""
         return self._out.get((batch, self.total_dim))
 
     def _workspace(self, size: int) -> torch.Tensor:
@@ -197,7 +197,7 @@ class NativeTableBatchedEmbeddingBags(TorchTableBatchedEmbeddingBags):
 
     def _advise_huge_pages(self) -> None:
         """Tables and their optimizer state on transparent huge pages
-        (:func:`~ctrctl.modules.buffers.advise_huge_pages`: rows are read at random, and
+        (:func:`~ctrctl.modules.native.buffers.advise_huge_pages`: rows are read at random, and
         with 4 KiB pages nearly every one costs a TLB miss). Memory already touched is
         collapsed into huge pages at once for buffers up to :data:`COLLAPSE_MAX_BYTES`;
         larger ones are left to the kernel's background collapsing, so a first step never
