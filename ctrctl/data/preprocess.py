@@ -64,6 +64,7 @@ from ctrctl.data.vocab import (
     load_vocabs,
     save_vocabs,
 )
+from ctrctl.config import DEFAULT_VAL_FRACTION
 from ctrctl.errors import ConfigError, InputDataError
 from ctrctl.io import check_destination, staged_folder
 from ctrctl.progress import Progress
@@ -72,8 +73,6 @@ from ctrctl.tracking import Tracker
 logger = logging.getLogger(__name__)
 
 BadRows = Literal["error", "skip"]
-#: Share of the training rows carved into a val split when no val input is given.
-DEFAULT_VAL_FRACTION = 0.0
 #: ``--on-bad-rows skip`` refuses to drop more than this share of an input's rows.
 DEFAULT_MAX_SKIP_FRACTION = 1.0
 #: Rows per Parquet row group: large enough for fast scans, small enough to load one at a time.

@@ -133,7 +133,8 @@ def _preprocess(ctx: Context, resume: bool) -> dict[str, Any]:
     d = ctx.cfg.data
     manifest = preprocess(d.schema_path, _raw_inputs(ctx), ctx.dataset,
                           split_ratio=d.split_ratio, seed=d.split_seed,
-                          on_bad_rows=d.on_bad_rows, overwrite=True, progress=ctx.progress,
+                          on_bad_rows=d.on_bad_rows, val_fraction=d.val_fraction,
+                          overwrite=True, progress=ctx.progress,
                           tracker=ctx.tracker)
     return {"rows": sum(s.rows for s in manifest.splits.values()),
             **{f"rows.{k}": v.rows for k, v in manifest.splits.items()}}
