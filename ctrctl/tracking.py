@@ -46,6 +46,10 @@ _HTTP_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
 PARENT_RUN_ENV = "CTRCTL_PARENT_RUN_ID"
 #: Hex digits of a dataset's sha256 kept in MLflow's digest field (its column holds 36).
 DIGEST_CHARS = 32
+#: MLflow 3's UI opens an experiment by this tag: ``custom_model_development`` shows the
+#: training runs (metrics, params, models) rather than the GenAI traces overview.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 
 
 def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -149,9 +153,29 @@ NoopTracker = Tracker
 
 
 class MlflowRun(Run):
+    """One MLflow run. Metric batches are sent asynchronously (MLflow's own queue) and
+    awaited by :meth:`flush`, which the tracker calls before it ends the run."""
+
     def __init__(self, client: Any, run_id: str):
         self._client = client
         self.run_id = run_id
+        self._pending: list[Any] = []
+        self._last_ms = 0
+
+    def _timestamp(self) -> int:
+        """Milliseconds, strictly increasing within the run: of two values logged at one
+        step, MLflow's latest-metric (the runs list) keeps the later timestamp, so a value
+        logged after another at the same step must not tie with it."""
+        import time
+
+        self._last_ms = max(int(time.time() * 1000), self._last_ms + 1)
+        return self._last_ms
+
+    def flush(self) -> None:
+        """Wait for every metric batch sent asynchronously."""
+        pending, self._pending = self._pending, []
+        for operation in pending:
+            operation.wait()
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -162,18 +186,19 @@ class MlflowRun(Run):
             self._client.log_batch(self.run_id, params=batch[start : start + 100])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        import time
-
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
+        now = self._timestamp()
         batch = [
             Metric(k, float(v), now, step or 0)
             for k, v in _flatten(metrics).items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)
         ]
         for start in range(0, len(batch), 500):
-            self._client.log_batch(self.run_id, metrics=batch[start : start + 500])
+            operation = self._client.log_batch(self.run_id, metrics=batch[start : start + 500],
+                                               synchronous=False)
+            if operation is not None:
+                self._pending.append(operation)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         path = Path(path)
@@ -205,6 +230,14 @@ class MlflowRun(Run):
             dataset=entity, tags=[InputTag("mlflow.data.context", context)])])
 
 
+class _SyncRun(MlflowRun):
+    """A handle on a run this process did not start: nothing flushes it later."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        super().log_metrics(metrics, step)
+        self.flush()
+
+
 class MlflowTracker(Tracker):
     """Tracks to MLflow through its client API (no global active-run state).
 
@@ -222,14 +255,19 @@ class MlflowTracker(Tracker):
         self.tracking_uri = tracking_uri
         self.experiment = experiment
         self.parent_run_id = parent_run_id
+        # Opened once, on first use: importing MLflow and opening a store take seconds.
+        self._opened: Any = None
+        self._experiment_id: str | None = None
 
     def child(self, parent_run_id: str | None) -> Tracker:
         child = MlflowTracker(self.tracking_uri, self.experiment, parent_run_id)
         child.started = self.started
+        child._opened, child._experiment_id = self._opened, self._experiment_id
         return child
 
     def open(self, run_id: str | None) -> Run:
-        return MlflowRun(self._client(), run_id) if run_id else Run()
+        """A handle on an existing run; metrics logged to it are sent synchronously."""
+        return _SyncRun(self._client(), run_id) if run_id else Run()
 
     def find_runs(self, parent_run_id: str, step: str) -> list[str]:
         client = self._client()
@@ -284,9 +322,27 @@ class MlflowTracker(Tracker):
         return str(version.version)
 
     def _client(self) -> Any:
-        from mlflow.tracking import MlflowClient
+        if self._opened is None:
+            from mlflow.tracking import MlflowClient
 
-        return MlflowClient(tracking_uri=self.tracking_uri)
+            self._opened = MlflowClient(tracking_uri=self.tracking_uri)
+        return self._opened
+
+    def _experiment(self, client: Any) -> str:
+        """The experiment's id (created when missing), tagged as model training."""
+        if self._experiment_id is not None:
+            return self._experiment_id
+        experiment = client.get_experiment_by_name(self.experiment)
+        if experiment is None:
+            self._experiment_id = str(client.create_experiment(
+                self.experiment, artifact_location=self._artifact_location(),
+                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}))
+        else:
+            self._experiment_id = str(experiment.experiment_id)
+            if EXPERIMENT_KIND_TAG not in experiment.tags:  # a kind the user set stays
+                client.set_experiment_tag(self._experiment_id, EXPERIMENT_KIND_TAG,
+                                          EXPERIMENT_KIND)
+        return self._experiment_id
 
     def _artifact_location(self) -> str | None:
         """Beside an explicit sqlite store (``<its folder>/mlruns/<experiment>``), so the store
@@ -301,13 +357,7 @@ class MlflowTracker(Tracker):
     @contextlib.contextmanager
     def run(self, name: str, tags: Mapping[str, str] | None = None) -> Iterator[Run]:
         client = self._client()
-        experiment = client.get_experiment_by_name(self.experiment)
-        experiment_id = (
-            experiment.experiment_id
-            if experiment is not None
-            else client.create_experiment(self.experiment,
-                                          artifact_location=self._artifact_location())
-        )
+        experiment_id = self._experiment(client)
         run_tags = {**_context_tags(), "mlflow.runName": name, "ctrctl.step": name,
                     **(tags or {})}
         parent = self.parent_run_id or os.environ.get(PARENT_RUN_ENV)
@@ -321,7 +371,10 @@ class MlflowTracker(Tracker):
             yield run
             status = "FINISHED"
         finally:
-            client.set_terminated(run.run_id, status=status)
+            try:
+                run.flush()
+            finally:
+                client.set_terminated(run.run_id, status=status)
 
 
 def git_commit() -> str | None:
