@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import polars as pl
 
+from ctrctl.config import DEFAULT_VAL_FRACTION
 from ctrctl.data.fastpath import SUMMARY, SplitRule, SplitSummary, fast_layout, stream_fast
 from ctrctl.data.guards import carve_plan, check_skipped
 from ctrctl.data.manifest import DatasetManifest, SplitInfo
@@ -64,7 +65,6 @@ from ctrctl.data.vocab import (
     load_vocabs,
     save_vocabs,
 )
-from ctrctl.config import DEFAULT_VAL_FRACTION
 from ctrctl.errors import ConfigError, InputDataError
 from ctrctl.io import check_destination, staged_folder
 from ctrctl.progress import Progress
