@@ -462,7 +462,7 @@ class DataConfig(_Section):
     split_ratio: str | None = None
     split_seed: int = 0
     on_bad_rows: Literal["error", "skip"] = "error"
-    val_fraction: float = Field(DEFAULT_VAL_FRACTION, ge=0.0, lt=1.0)
+    val_fraction: float = Field(default=DEFAULT_VAL_FRACTION, ge=0.0, lt=1.0)
 
 
 class SynthConfig(_Section):
