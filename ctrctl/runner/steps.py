@@ -119,8 +119,10 @@ def _raw_inputs(ctx: Context) -> list[str]:
 
 
 def _preprocess_inputs(ctx: Context) -> dict[str, Path]:
+    from ctrctl.data.schema import resolve_schema_path
+
     assert ctx.cfg.data.schema_path is not None
-    paths: dict[str, Path] = {"schema": Path(ctx.cfg.data.schema_path)}
+    paths: dict[str, Path] = {"schema": resolve_schema_path(ctx.cfg.data.schema_path)}
     for split, matches in input_paths(_raw_inputs(ctx)):
         for path in matches:
             paths[f"{split or '-'}={path}"] = path
