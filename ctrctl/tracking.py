@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 import tempfile
 import urllib.error
 import urllib.parse
@@ -42,6 +43,8 @@ PROBE_TIMEOUT_S = 5.0
 _HTTP_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
                       "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                       "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+#: MLflow's switch for its artifact download/upload progress bars.
+ARTIFACT_BAR_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 #: A parent run (``ctrctl run``) passes its id to child steps, which become nested runs.
 PARENT_RUN_ENV = "CTRCTL_PARENT_RUN_ID"
 #: Hex digits of a dataset's sha256 kept in MLflow's digest field (its column holds 36).
@@ -467,6 +470,9 @@ def make_tracker(
         return Tracker()
     for key, value in _HTTP_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    if not sys.stderr.isatty():
+        # MLflow's download bar redrawn into a pipe is one line of dozens of bars.
+        os.environ.setdefault(ARTIFACT_BAR_ENV, "false")
     if check:
         check_tracking_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
     return MlflowTracker(tracking_uri=tracking_uri, experiment=experiment)

@@ -19,6 +19,7 @@ from ctrctl.cli.common import (
     make_progress,
     tracker_from,
 )
+from ctrctl.progress import format_value
 
 
 def train_command(
@@ -88,11 +89,14 @@ def train_command(
                        plan=sharding,
                        tracker=tracker,
                        progress=make_progress())
-        table = Table(title=f"train: {result.step:,} steps, {result.samples_per_s:,.0f} samples/s")
+        title = (f"train: already finished at step {result.step:,} ({result.stop_reason}), "
+                 "nothing trained" if result.already_finished else
+                 f"train: {result.step:,} steps, {result.samples_per_s:,.0f} samples/s")
+        table = Table(title=title)
         table.add_column("metric")
         table.add_column("value", justify="right")
         for key, value in sorted(result.metrics.items()):
-            table.add_row(key, f"{value:.5f}" if isinstance(value, float) else str(value))
+            table.add_row(key, format_value(key, value, digits=5))
         console.print(table)
         if result.cache:
             from ctrctl.training.cache_report import format_cache_report

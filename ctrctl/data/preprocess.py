@@ -335,7 +335,7 @@ def _run(
     t0 = time.perf_counter()
     estimate = [j.scan.estimated_rows for j in jobs]
     total = sum(e for e in estimate if e) if all(estimate) else None
-    progress.start("preprocess", total=total, unit="rows")
+    progress.start("preprocess", total=total, unit="rows", estimate=True)
     counts: list[dict[str, dict[str, int]]] = []
     try:
         for job in jobs:

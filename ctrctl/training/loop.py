@@ -52,7 +52,7 @@ from ctrctl.distributed.pipeline import (
 from ctrctl.distributed.types import ShardingPlan
 from ctrctl.errors import CheckpointError, ConfigError, OutputExistsError
 from ctrctl.io import write_json_atomic
-from ctrctl.progress import Progress
+from ctrctl.progress import Progress, format_value
 from ctrctl.tracking import Run, Tracker
 from ctrctl.training import model as model_io
 from ctrctl.training.cache_report import WAIT_METRIC, cache_metrics, format_cache_report
@@ -85,6 +85,7 @@ class TrainResult:
             early stopping restores them), or None without early stopping.
         cache: what cached tables' caches did, every rank's shards
             (:func:`~ctrctl.training.cache_report.cache_metrics`; empty without them).
+        already_finished: a resume found the run finished: nothing was trained.
     """
 
     out: Path
@@ -96,6 +97,7 @@ class TrainResult:
     stop_reason: str | None = None
     best_step: int | None = None
     cache: dict[str, float] = field(default_factory=dict)
+    already_finished: bool = False
 
 
 def resolve_device(kind: str) -> torch.device:
@@ -403,7 +405,8 @@ class _Trainer:
             self.run.log_metrics({k: v for k, v in entry.items() if k != "step"},
                                  step=self.step)
             logger.info("step %d: %s", self.step,
-                        " ".join(f"{k}={v:.4f}" for k, v in entry.items() if k != "step"))
+                        " ".join(f"{k}={format_value(k, v)}" for k, v in entry.items()
+                                 if k != "step"))
         return values
 
     def _check_early_stopping(self, values: dict[str, float] | None) -> bool:
@@ -594,6 +597,20 @@ def _prune(folder: Path, keep: int) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def _already_finished(trainer: _Trainer, checkpoint: Path, run: Run) -> TrainResult:
+    """A resume of a finished run: say so and change nothing (no step, no checkpoint)."""
+    if trainer.rank == 0:
+        logger.info("%s already finished at step %d (%s): nothing to train; pass a higher "
+                    "cap (training.epochs / max_steps) to continue or --overwrite to start "
+                    "over", trainer.out, trainer.step, trainer.stop_reason)
+        run.set_tags({"already_finished": "true", "stop_reason": str(trainer.stop_reason)})
+    summary = trainer.summary()
+    return TrainResult(out=trainer.out, step=trainer.step, checkpoint=checkpoint,
+                       metrics=dict(trainer.metrics), history=list(trainer.history),
+                       stop_reason=trainer.stop_reason, best_step=summary["best_step"],
+                       already_finished=True)
+
+
 def train(
     dataset: str | Path,
     out: str | Path,
@@ -650,6 +667,8 @@ def train(
         trainer = _Trainer(dataset, out, config, plan, run, progress, stop_after)
         if resume and existing is not None:
             trainer.restore(existing)
+            if trainer.stop_reason is not None:  # every rank restored the same state
+                return _already_finished(trainer, existing, run)
         if rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             write_json_atomic(out / "config.json", config.to_dict())
