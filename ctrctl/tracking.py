@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -156,14 +157,20 @@ NoopTracker = Tracker
 
 
 class MlflowRun(Run):
-    """One MLflow run. Metric batches are sent asynchronously (MLflow's own queue) and
-    awaited by :meth:`flush`, which the tracker calls before it ends the run."""
+    """One MLflow run. Its first metric batches are sent synchronously; a run that goes on
+    logging (training) sends the rest asynchronously (MLflow's own queue), awaited by
+    :meth:`flush`, which the tracker calls before it ends the run. (Ending a run stops
+    MLflow's queue, which takes up to a second: a short command never starts it.)"""
+
+    #: Metric batches sent synchronously before a run's later ones go asynchronously.
+    SYNC_BATCHES = 8
 
     def __init__(self, client: Any, run_id: str):
         self._client = client
         self.run_id = run_id
         self._pending: list[Any] = []
         self._last_ms = 0
+        self._batches = 0
 
     def _timestamp(self) -> int:
         """Milliseconds, strictly increasing within the run: of two values logged at one
@@ -198,6 +205,10 @@ class MlflowRun(Run):
             if isinstance(v, (int, float)) and not isinstance(v, bool)
         ]
         for start in range(0, len(batch), 500):
+            self._batches += 1
+            if self._batches <= self.SYNC_BATCHES:
+                self._client.log_batch(self.run_id, metrics=batch[start : start + 500])
+                continue
             operation = self._client.log_batch(self.run_id, metrics=batch[start : start + 500],
                                                synchronous=False)
             if operation is not None:
@@ -380,6 +391,7 @@ class MlflowTracker(Tracker):
                 client.set_terminated(run.run_id, status=status)
 
 
+@functools.cache
 def git_commit() -> str | None:
     """The commit of the ctrctl checkout that runs (None outside a git checkout)."""
     import subprocess
@@ -396,15 +408,19 @@ _GIT_COMMIT_TAG = "mlflow.source.git.commit"
 
 
 def _context_tags() -> dict[str, str]:
-    """MLflow's context tags (user, source name and type, git commit), as its fluent API
-    adds them; ``MlflowClient.create_run`` alone does not. MLflow finds the commit from the
-    entry script, which for the ``ctrctl`` console script is outside the checkout, so the
-    commit of the ctrctl package's checkout is used when MLflow finds none."""
+    """MLflow's context tags (user, source name and type), as its fluent API adds them;
+    ``MlflowClient.create_run`` alone does not. The git commit is the ctrctl package's
+    checkout's, from one ``git rev-parse`` per process: MLflow's own git context imports
+    GitPython (most of a second) and looks at the entry script, which for the ``ctrctl``
+    console script is outside the checkout."""
     tags: dict[str, str] = {}
     try:
+        from mlflow.tracking.context.git_context import GitRunContext
         from mlflow.tracking.context.registry import resolve_tags
 
-        tags = {k: str(v) for k, v in resolve_tags().items()}
+        # (``ignore`` takes provider classes: it tests isinstance, whatever its hint says)
+        ignore: Any = [GitRunContext]
+        tags = {k: str(v) for k, v in resolve_tags(ignore=ignore).items()}
     except Exception as exc:  # a context provider failing must not stop a run
         logger.debug("no MLflow context tags: %s", exc)
     if _GIT_COMMIT_TAG not in tags:
