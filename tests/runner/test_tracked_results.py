@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from ctrctl.runner import run_pipeline
 from ctrctl.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, make_tracker
 from tests.runner.helpers import DEMO, tiny_inputs
 
 
+@pytest.mark.slow  # a run of every step to eval with an MLflow store: ~30 s on 2 busy cores
 def test_train_run_shows_the_kept_weights_and_the_parent_the_verdict(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
