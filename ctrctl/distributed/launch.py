@@ -81,10 +81,10 @@ class JoinWait:
         return DistributedError(
             f"{missing} never joined: {self.nnodes} nodes were expected at {self.endpoint} "
             f"and only this one (node {self.node_rank}) came within {self.timeout_s:.0f} s",
-            where=f"node {self.node_rank}" + (f", log {log}" if log else ""),
+            where=f"node {self.node_rank}",
             hint=f"start the same command on the missing node with its --node-rank and "
                  f"--rdzv-endpoint {self.endpoint}, check that it can reach that address, "
-                 f"or raise {JOIN_TIMEOUT_ENV}")
+                 f"or raise {JOIN_TIMEOUT_ENV}" + (f"; torchrun's log: {log}" if log else ""))
 
 
 @dataclass(frozen=True)
