@@ -45,10 +45,7 @@ def predict_command(
     if (dataset is None) == (input is None):
         raise ConfigError("give one of --dataset and --input", hint="not both")
     tracker = tracker_from(no_track, tracking_uri, experiment)
-    with locked(out, "predict"), tracker.run("predict") as run:
-        run.log_params({"model": str(model), "dataset": str(dataset) if dataset else None,
-                        "split": split if dataset else None, "input": str(input) if input else None,
-                        "batch_size": batch_size, "compile": compile, "out": str(out)})
+    with locked(out, "predict"):
         if dataset is not None:
             result = predict_dataset(model, dataset, split, out, batch_size=batch_size,
                                      overwrite=overwrite, compile=compile)
@@ -56,6 +53,12 @@ def predict_command(
             assert input is not None
             result = predict_raw(model, input, out, batch_size=batch_size, overwrite=overwrite,
                                  compile=compile)
+    # Tracked once the scores are written: a refused input leaves no run and no store.
+    with tracker.run("predict") as run:
+        run.log_params({"model": str(model), "dataset": str(dataset) if dataset else None,
+                        "split": split if dataset else None,
+                        "input": str(input) if input else None, "batch_size": batch_size,
+                        "compile": compile, "out": str(result.out)})
         run.log_metrics({"rows": result.rows, "seconds": result.seconds,
                          "rows_per_s": result.rows_per_s})
     console.print(f"scored {result.rows:,} rows in {result.seconds:.2f} s "
