@@ -108,3 +108,63 @@ def test_every_command_takes_the_tracking_flags(
 def test_config_show_with_no_track(capsys: pytest.CaptureFixture[str]) -> None:
     code, text = _cli(["config", "show", "--no-track", "training.epochs=2"], capsys)
     assert code == 0 and "epochs: 2" in text, text
+
+
+class _Recorded:
+    """A tracker that records the runs a command starts and what they log."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, dict[str, object]]] = []
+
+    def run(self, name: str, tags: object = None):  # type: ignore[no-untyped-def]
+        import contextlib
+
+        from ctrctl.tracking import Run
+
+        logged: dict[str, object] = {}
+        self.runs.append((name, logged))
+
+        class _Run(Run):
+            def log_params(self, params) -> None:  # type: ignore[no-untyped-def]
+                logged.update(params)
+
+            def log_metrics(self, metrics, step=None) -> None:  # type: ignore[no-untyped-def]
+                logged.update(metrics)
+
+        return contextlib.nullcontext(_Run())
+
+
+def test_predict_tracks_a_run_once_the_scores_are_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from ctrctl.cli import predict as predict_cli
+    from ctrctl.inference import predictor
+
+    recorded = _Recorded()
+    seen: list[tuple[bool, str | None]] = []
+
+    def tracker_from(no_track: bool, uri: str | None, experiment: str) -> _Recorded:
+        seen.append((no_track, uri))
+        return recorded
+
+    def scored(model, dataset, split, out, **kwargs):  # type: ignore[no-untyped-def]
+        return predictor.PredictResult(out=Path(out), rows=600, seconds=0.5, has_labels=True)
+
+    monkeypatch.setattr(predict_cli, "tracker_from", tracker_from)
+    monkeypatch.setattr(predictor, "predict_dataset", scored)
+    out = tmp_path / "scores.parquet"
+    code, text = _cli(["predict", "--model", str(tmp_path / "m"), "--dataset",
+                       str(tmp_path / "ds"), "--out", str(out), "--tracking-uri",
+                       "sqlite:///x.db"], capsys)
+    assert code == 0, text
+    assert seen == [(False, "sqlite:///x.db")]
+    assert [name for name, _ in recorded.runs] == ["predict"]
+    assert recorded.runs[0][1]["rows"] == 600 and recorded.runs[0][1]["split"] == "test"
+
+    def refused(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise DatasetError("not a serving artifact")
+
+    monkeypatch.setattr(predictor, "predict_dataset", refused)
+    code, text = _cli(["predict", "--model", str(tmp_path / "m"), "--dataset",
+                       str(tmp_path / "ds"), "--out", str(out)], capsys)
+    assert code == 1 and len(recorded.runs) == 1, text
