@@ -37,8 +37,11 @@ def train_command(
     plan: Annotated[Path | None, typer.Option(
         help="Sharding plan (plan.json) for several processes.")] = None,
     nproc_per_node: Annotated[int, typer.Option(
-        "--nproc-per-node", min=1, help="Processes on this node (1: train in this process).")] = 1,
-    nnodes: Annotated[int, typer.Option(min=1, help="Nodes taking part.")] = 1,
+        "--nproc-per-node", min=1, help="Processes on this node (1: train in this process); "
+        "a collective waits CTRCTL_DIST_TIMEOUT_S (300) for its peers.")] = 1,
+    nnodes: Annotated[int, typer.Option(
+        min=1, help="Nodes taking part; they wait CTRCTL_JOIN_TIMEOUT_S (600) for each other "
+        "to join.")] = 1,
     node_rank: Annotated[int, typer.Option(min=0, help="This node's index.")] = 0,
     rdzv_endpoint: Annotated[str | None, typer.Option(
         help="HOST:PORT every node meets at (several nodes).")] = None,

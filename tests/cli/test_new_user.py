@@ -92,6 +92,8 @@ def test_help_names_the_environment_and_keeps_brackets(
     monkeypatch.setenv("COLUMNS", "200")
     code, text = _cli(["--help"], capsys)
     assert code == 0 and "CTRCTL_DIST_TIMEOUT_S" in text and "CTRCTL_JOIN_TIMEOUT_S" in text
+    code, text = _cli(["train", "--help"], capsys)
+    assert code == 0 and "CTRCTL_DIST_TIMEOUT_S" in text and "CTRCTL_JOIN_TIMEOUT_S" in text
     code, text = _cli(["run", "--help"], capsys)
     assert code == 0 and "data.inputs=[train=day_0.tsv]" in text, text
 
