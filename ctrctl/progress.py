@@ -23,8 +23,10 @@ logger = logging.getLogger(__name__)
 class Progress:
     """The interface; this base class reports nothing."""
 
-    def start(self, description: str, total: float | None = None, unit: str = "it") -> None:
-        """Begin a task of ``total`` units (None when unknown)."""
+    def start(self, description: str, total: float | None = None, unit: str = "it",
+              estimate: bool = False) -> None:
+        """Begin a task of ``total`` units (None when unknown); ``estimate``: the total is a
+        guess (rows from file sizes) that the count done replaces when the task completes."""
 
     def advance(self, amount: float = 1, **fields: Any) -> None:
         """Record ``amount`` more units done; ``fields`` are shown beside (loss=..., auc=...)."""
@@ -36,6 +38,23 @@ class Progress:
 
 
 NullProgress = Progress
+
+#: Metric names ending so are counts (``val.rows``, ``step``): shown as whole numbers.
+COUNT_SUFFIXES = ("rows", "step", "steps", "samples", "positives", "count")
+
+
+def format_value(name: str, value: Any, digits: int = 4) -> str:
+    """A metric for a log line or a table: counts whole (``val.rows=2000``), other floats
+    with ``digits`` decimals, anything else as ``str``."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int) or (
+            isinstance(value, float) and value.is_integer()
+            and name.rsplit(".", 1)[-1].endswith(COUNT_SUFFIXES)):
+        return f"{int(value)}"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
 
 
 class LogProgress(Progress):
@@ -50,9 +69,12 @@ class LogProgress(Progress):
         self._done = 0.0
         self._t0 = 0.0
         self._last = 0.0
+        self._estimate = False
 
-    def start(self, description: str, total: float | None = None, unit: str = "it") -> None:
+    def start(self, description: str, total: float | None = None, unit: str = "it",
+              estimate: bool = False) -> None:
         self._description, self._total, self._unit = description, total, unit
+        self._estimate = estimate
         self._done = 0.0
         self._t0 = self._last = time.perf_counter()
 
@@ -77,7 +99,7 @@ class LogProgress(Progress):
 
     def finish(self, completed: bool = True) -> None:
         if self._description:
-            if completed and self._total and self._done > self._total:  # an estimate
-                self._total = self._done
+            if completed and self._total and (self._done > self._total or self._estimate):
+                self._total = self._done  # the total was an estimate: the count stands
             self.log.info(self._line({}) + (" done" if completed else " stopped"))
         self._description = ""

@@ -20,6 +20,7 @@ import functools
 import json
 import logging
 import os
+import sys
 import tempfile
 import urllib.error
 import urllib.parse
@@ -44,10 +45,16 @@ PROBE_TIMEOUT_S = 5.0
 _HTTP_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
                       "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                       "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+#: MLflow's switch for its artifact download/upload progress bars.
+ARTIFACT_BAR_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 #: A parent run (``ctrctl run``) passes its id to child steps, which become nested runs.
 PARENT_RUN_ENV = "CTRCTL_PARENT_RUN_ID"
 #: Hex digits of a dataset's sha256 kept in MLflow's digest field (its column holds 36).
 DIGEST_CHARS = 32
+#: MLflow 3's UI opens an experiment by this tag: ``custom_model_development`` shows the
+#: training runs (metrics, params, models) rather than the GenAI traces overview.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 
 
 def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -169,10 +176,18 @@ def _first_line(exc: BaseException) -> str:
 class MlflowRun(Run):
     """Logs into one MLflow run.
 
+    Its first metric batches are sent synchronously; a run that goes on logging (training)
+    sends the rest asynchronously (MLflow's own queue), awaited by :meth:`flush`, which the
+    tracker calls before it ends the run. (Ending a run stops MLflow's queue, which takes up
+    to a second: a short command never starts it.)
+
     A server that stops answering mid-run does not stop the work: one warning names it, and
     what the run logs from then on is kept in order and sent when the run ends
     (:meth:`flush`), or reported as not sent.
     """
+
+    #: Metric batches sent synchronously before a run's later ones go asynchronously.
+    SYNC_BATCHES = 8
 
     def __init__(self, client: Any, run_id: str, where: str = "the tracking store"):
         self._client = client
@@ -180,6 +195,24 @@ class MlflowRun(Run):
         self.where = where
         #: Calls kept since the server was lost (None while it answers).
         self.pending: list[Callable[[], Any]] | None = None
+        self._sent_async: list[Any] = []
+        self._last_ms = 0
+        self._batches = 0
+
+    def _timestamp(self) -> int:
+        """Milliseconds, strictly increasing within the run: of two values logged at one
+        step, MLflow's latest-metric (the runs list) keeps the later timestamp, so a value
+        logged after another at the same step must not tie with it."""
+        import time
+
+        self._last_ms = max(int(time.time() * 1000), self._last_ms + 1)
+        return self._last_ms
+
+    def _lost(self, exc: BaseException, call: Callable[[], Any]) -> None:
+        self.pending = [call]
+        logger.warning("tracking server %s stopped answering (%s): the work goes on; what "
+                       "run %s logs is kept and sent when it ends", self.where,
+                       _first_line(exc), self.run_id)
 
     def _send(self, call: Callable[[], Any]) -> None:
         if self.pending is not None:
@@ -190,14 +223,20 @@ class MlflowRun(Run):
         except Exception as exc:
             if not unreachable(exc):
                 raise
-            self.pending = [call]
-            logger.warning("tracking server %s stopped answering (%s): the work goes on; what "
-                           "run %s logs is kept and sent when it ends", self.where,
-                           _first_line(exc), self.run_id)
+            self._lost(exc, call)
 
     def flush(self) -> bool:
-        """Send what was kept while the server was lost; False (with a warning) if it still
-        does not answer."""
+        """Wait for the batches sent asynchronously, then send what was kept while the
+        server was lost; False (with a warning) if it still does not answer."""
+        sent, self._sent_async = self._sent_async, []
+        for operation in sent:
+            try:
+                operation.wait()
+            except Exception as exc:
+                if not unreachable(exc):
+                    raise
+                if self.pending is None:
+                    self._lost(exc, lambda: None)
         pending, self.pending = self.pending or [], None
         for done, call in enumerate(pending):
             try:
@@ -222,11 +261,9 @@ class MlflowRun(Run):
             self._send(functools.partial(self._client.log_batch, self.run_id, params=part))
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        import time
-
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
+        now = self._timestamp()
         batch = [
             Metric(k, float(v), now, step or 0)
             for k, v in _flatten(metrics).items()
@@ -234,7 +271,21 @@ class MlflowRun(Run):
         ]
         for start in range(0, len(batch), 500):
             part = batch[start : start + 500]
-            self._send(functools.partial(self._client.log_batch, self.run_id, metrics=part))
+            self._batches += 1
+            if self.pending is not None or self._batches <= self.SYNC_BATCHES:
+                self._send(functools.partial(self._client.log_batch, self.run_id, metrics=part))
+                continue
+            try:
+                operation = self._client.log_batch(self.run_id, metrics=part,
+                                                   synchronous=False)
+            except Exception as exc:
+                if not unreachable(exc):
+                    raise
+                self._lost(exc, functools.partial(self._client.log_batch, self.run_id,
+                                                  metrics=part))
+                continue
+            if operation is not None:
+                self._sent_async.append(operation)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         path = Path(path)
@@ -271,6 +322,14 @@ class MlflowRun(Run):
             dataset=entity, tags=[InputTag("mlflow.data.context", context)])]))
 
 
+class _SyncRun(MlflowRun):
+    """A handle on a run this process did not start: nothing flushes it later."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        super().log_metrics(metrics, step)
+        self.flush()
+
+
 class MlflowTracker(Tracker):
     """Tracks to MLflow through its client API (no global active-run state).
 
@@ -288,14 +347,19 @@ class MlflowTracker(Tracker):
         self.tracking_uri = tracking_uri
         self.experiment = experiment
         self.parent_run_id = parent_run_id
+        # Opened once, on first use: importing MLflow and opening a store take seconds.
+        self._opened: Any = None
+        self._experiment_id: str | None = None
 
     def child(self, parent_run_id: str | None) -> Tracker:
         child = MlflowTracker(self.tracking_uri, self.experiment, parent_run_id)
         child.started = self.started
+        child._opened, child._experiment_id = self._opened, self._experiment_id
         return child
 
     def open(self, run_id: str | None) -> Run:
-        return MlflowRun(self._client(), run_id, self._where()) if run_id else Run()
+        """A handle on an existing run; metrics logged to it are sent synchronously."""
+        return _SyncRun(self._client(), run_id, self._where()) if run_id else Run()
 
     def find_runs(self, parent_run_id: str, step: str) -> list[str]:
         client = self._client()
@@ -350,9 +414,27 @@ class MlflowTracker(Tracker):
         return str(version.version)
 
     def _client(self) -> Any:
-        from mlflow.tracking import MlflowClient
+        if self._opened is None:
+            from mlflow.tracking import MlflowClient
 
-        return MlflowClient(tracking_uri=self.tracking_uri)
+            self._opened = MlflowClient(tracking_uri=self.tracking_uri)
+        return self._opened
+
+    def _experiment(self, client: Any) -> str:
+        """The experiment's id (created when missing), tagged as model training."""
+        if self._experiment_id is not None:
+            return self._experiment_id
+        experiment = client.get_experiment_by_name(self.experiment)
+        if experiment is None:
+            self._experiment_id = str(client.create_experiment(
+                self.experiment, artifact_location=self._artifact_location(),
+                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}))
+        else:
+            self._experiment_id = str(experiment.experiment_id)
+            if EXPERIMENT_KIND_TAG not in experiment.tags:  # a kind the user set stays
+                client.set_experiment_tag(self._experiment_id, EXPERIMENT_KIND_TAG,
+                                          EXPERIMENT_KIND)
+        return self._experiment_id
 
     def _artifact_location(self) -> str | None:
         """Beside an explicit sqlite store (``<its folder>/mlruns/<experiment>``), so the store
@@ -379,13 +461,7 @@ class MlflowTracker(Tracker):
         if parent:
             run_tags["mlflow.parentRunId"] = parent
         try:
-            experiment = client.get_experiment_by_name(self.experiment)
-            experiment_id = (
-                experiment.experiment_id
-                if experiment is not None
-                else client.create_experiment(self.experiment,
-                                              artifact_location=self._artifact_location())
-            )
+            experiment_id = self._experiment(client)
             mlrun = client.create_run(experiment_id, tags=run_tags, run_name=name)
         except (MlflowException, OSError) as exc:  # one line, not MLflow's chained traces
             raise TrackingError(f"cannot start the {name} run: {_first_line(exc)}",
@@ -405,6 +481,7 @@ class MlflowTracker(Tracker):
                                    run.run_id, self._where())
 
 
+@functools.cache
 def git_commit() -> str | None:
     """The commit of the ctrctl checkout that runs (None outside a git checkout)."""
     import subprocess
@@ -421,15 +498,19 @@ _GIT_COMMIT_TAG = "mlflow.source.git.commit"
 
 
 def _context_tags() -> dict[str, str]:
-    """MLflow's context tags (user, source name and type, git commit), as its fluent API
-    adds them; ``MlflowClient.create_run`` alone does not. MLflow finds the commit from the
-    entry script, which for the ``ctrctl`` console script is outside the checkout, so the
-    commit of the ctrctl package's checkout is used when MLflow finds none."""
+    """MLflow's context tags (user, source name and type), as its fluent API adds them;
+    ``MlflowClient.create_run`` alone does not. The git commit is the ctrctl package's
+    checkout's, from one ``git rev-parse`` per process: MLflow's own git context imports
+    GitPython (most of a second) and looks at the entry script, which for the ``ctrctl``
+    console script is outside the checkout."""
     tags: dict[str, str] = {}
     try:
+        from mlflow.tracking.context.git_context import GitRunContext
         from mlflow.tracking.context.registry import resolve_tags
 
-        tags = {k: str(v) for k, v in resolve_tags().items()}
+        # (``ignore`` takes provider classes: it tests isinstance, whatever its hint says)
+        ignore: Any = [GitRunContext]
+        tags = {k: str(v) for k, v in resolve_tags(ignore=ignore).items()}
     except Exception as exc:  # a context provider failing must not stop a run
         logger.debug("no MLflow context tags: %s", exc)
     if _GIT_COMMIT_TAG not in tags:
@@ -498,6 +579,9 @@ def make_tracker(
         return Tracker()
     for key, value in _HTTP_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    if not sys.stderr.isatty():
+        # MLflow's download bar redrawn into a pipe is one line of dozens of bars.
+        os.environ.setdefault(ARTIFACT_BAR_ENV, "false")
     if check:
         check_tracking_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
     return MlflowTracker(tracking_uri=tracking_uri, experiment=experiment)

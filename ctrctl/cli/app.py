@@ -22,9 +22,21 @@ from ctrctl.errors import CtrctlError
 COMMANDS: tuple[str, ...] = ("synth", "preprocess", "plan", "train", "eval", "quantize",
                              "predict", "run", "config")
 
+#: The environment variables a user may set, as ``ctrctl --help`` lists them.
+ENVIRONMENT: tuple[tuple[str, str], ...] = (
+    ("MLFLOW_TRACKING_URI", "the MLflow store or server (as --tracking-uri)"),
+    ("MLFLOW_EXPERIMENT_NAME", "the MLflow experiment (as --experiment)"),
+    ("CTRCTL_DIST_TIMEOUT_S", "seconds a collective of several processes waits for its peers "
+     "before failing (default 300)"),
+    ("CTRCTL_JOIN_TIMEOUT_S", "seconds the nodes of a multi-node run wait for each other to "
+     "join (default 600)"),
+    ("CTRCTL_PREPROCESS_ENGINE", "polars: preprocess without the native fast path"),
+)
+
 app = typer.Typer(
     name="ctrctl",
     help="Click-through-rate pipelines: raw logs to a sharded, trained and evaluated model.",
+    epilog="Environment: " + "; ".join(f"{name}: {text}" for name, text in ENVIRONMENT) + ".",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -61,12 +73,26 @@ for _name in COMMANDS:
     importlib.import_module(f"ctrctl.cli.{_name}").register(app)
 
 
+#: Options of the ``ctrctl`` command itself that are also accepted after a subcommand.
+GLOBAL_FLAGS = ("--verbose", "-v")
+
+
+def hoist_global_flags(argv: list[str]) -> list[str]:
+    """``ctrctl synth --verbose ...`` as ``ctrctl --verbose synth ...``: the global flags
+    are taken wherever they appear before a ``--``, and put in front of the subcommand."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    flags = [a for a in argv[:end] if a in GLOBAL_FLAGS]
+    rest = [a for a in argv[:end] if a not in GLOBAL_FLAGS]
+    return [*dict.fromkeys(flags), *rest, *argv[end:]]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     from ctrctl.cli.common import console, print_error
 
+    args = hoist_global_flags(list(sys.argv[1:] if argv is None else argv))
     try:
-        app(args=argv, prog_name="ctrctl", standalone_mode=True)
+        app(args=args, prog_name="ctrctl", standalone_mode=True)
     except SystemExit as exc:
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
     except CtrctlError as exc:

@@ -52,9 +52,21 @@ class DevicePreset(str, enum.Enum):
     h200 = "h200"
 
 
+#: Width of a console that is not a terminal (a pipe, a file, CI): wide enough that tables
+#: take their content's width instead of wrapping and truncating at 80 columns.
+PIPED_WIDTH = 1000
+
+
+def _console(stderr: bool) -> Console:
+    probe = Console(stderr=stderr)
+    if probe.is_terminal or os.environ.get("COLUMNS"):
+        return probe
+    return Console(stderr=stderr, width=PIPED_WIDTH)
+
+
 #: Human output goes to stderr; stdout is kept for machine-readable output (--json).
-console = Console(stderr=True)
-stdout = Console()
+console = _console(stderr=True)
+stdout = _console(stderr=False)
 
 
 
@@ -129,10 +141,13 @@ class RichProgress(Progress):
         self._bar: RichProgressBar | None = None
         self._task: Any = None
         self._unit = "it"
+        self._estimate = False
 
-    def start(self, description: str, total: float | None = None, unit: str = "it") -> None:
+    def start(self, description: str, total: float | None = None, unit: str = "it",
+              estimate: bool = False) -> None:
         self.finish()
         self._unit = unit
+        self._estimate = estimate
         self._bar = RichProgressBar(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -165,7 +180,8 @@ class RichProgress(Progress):
     def finish(self, completed: bool = True) -> None:
         if self._bar is not None:
             task = self._bar.tasks[0]
-            if completed and task.total is not None and task.completed > task.total:
+            if completed and task.total is not None and (task.completed > task.total
+                                                         or self._estimate):
                 self._bar.update(self._task, total=task.completed)  # the total was an estimate
             if not self.embedded:
                 self._bar.stop()

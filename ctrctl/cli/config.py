@@ -17,6 +17,12 @@ def show_command(
         help="Overrides such as training.batch_size=1024.", show_default=False)] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", "-c", help="Pipeline YAML (default: the built-in defaults).")] = None,
+    tracking_uri: Annotated[str | None, typer.Option(
+        "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
+        help="Accepted as by every command; showing a config logs no MLflow run.")] = None,
+    no_track: Annotated[bool, typer.Option(
+        "--no-track", help="Accepted as by every command (nothing is tracked here anyway).")
+    ] = False,
 ) -> None:
     """Print the config `ctrctl train` would use, every key resolved, as YAML.
 

@@ -88,7 +88,7 @@ def eval_command(
         "(with --save-predictions).")] = None,
     no_baselines: Annotated[bool, typer.Option(
         "--no-baselines", help="Skip the base-rate and per-feature CTR baselines.")] = False,
-    batch_size: Annotated[int, typer.Option(help="Scoring batch size.")] = 8192,
+    batch_size: Annotated[int, typer.Option(min=1, help="Scoring batch size.")] = 8192,
     num_bins: Annotated[int, typer.Option(
         help="Score-histogram bins for streaming AUC (its error bound is reported).")] = 1 << 20,
     exact_limit: Annotated[int, typer.Option(

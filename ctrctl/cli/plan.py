@@ -122,7 +122,8 @@ def plan_command(
     = None,
     sharding_type: Annotated[str | None, typer.Option(
         help="Force one sharding type on every table.")] = None,
-    embedding_dim: Annotated[int | None, typer.Option(help="Dim of tables from --dataset.")]
+    embedding_dim: Annotated[int | None, typer.Option(
+        min=1, help="Dim of tables from --dataset.")]
     = None,
     topology: Annotated[Path | None, typer.Option(
         help="topology.json with measured figures (written by --calibrate).")] = None,

@@ -7,7 +7,16 @@ from typing import Annotated
 
 import typer
 
-from ctrctl.cli.common import Overwrite, console, locked, output_file
+from ctrctl.cli.common import (
+    Experiment,
+    NoTrack,
+    Overwrite,
+    TrackingUri,
+    console,
+    locked,
+    output_file,
+    tracker_from,
+)
 
 
 def predict_command(
@@ -28,6 +37,9 @@ def predict_command(
         "--verify", help="Key file: require the artifact's signature made with it "
         "(`ctrctl quantize --sign`).")] = None,
     overwrite: Overwrite = False,
+    tracking_uri: TrackingUri = None,
+    no_track: NoTrack = False,
+    experiment: Experiment = "ctrctl",
 ) -> None:
     """Write label + score Parquet (what `ctrctl eval --predictions` reads)."""
     from ctrctl.errors import ConfigError
@@ -35,6 +47,7 @@ def predict_command(
 
     if (dataset is None) == (input is None):
         raise ConfigError("give one of --dataset and --input", hint="not both")
+    tracker = tracker_from(no_track, tracking_uri, experiment)
     with locked(out, "predict"):
         if dataset is not None:
             result = predict_dataset(model, dataset, split, out, batch_size=batch_size,
@@ -43,6 +56,14 @@ def predict_command(
             assert input is not None
             result = predict_raw(model, input, out, batch_size=batch_size, overwrite=overwrite,
                                  compile=compile, verify_key=verify)
+    # Tracked once the scores are written: a refused input leaves no run and no store.
+    with tracker.run("predict") as run:
+        run.log_params({"model": str(model), "dataset": str(dataset) if dataset else None,
+                        "split": split if dataset else None,
+                        "input": str(input) if input else None, "batch_size": batch_size,
+                        "compile": compile, "out": str(result.out)})
+        run.log_metrics({"rows": result.rows, "seconds": result.seconds,
+                         "rows_per_s": result.rows_per_s})
     console.print(f"scored {result.rows:,} rows in {result.seconds:.2f} s "
                   f"({result.rows_per_s:,.0f} rows/s) -> {result.out}", markup=False)
 

@@ -22,6 +22,7 @@ from ctrctl.cli.common import (
     make_progress,
     tracker_from,
 )
+from ctrctl.config import DEFAULT_VAL_FRACTION
 
 
 def preprocess_command(
@@ -46,7 +47,7 @@ def preprocess_command(
         OnBadRows.error),
     val_fraction: Annotated[float, typer.Option(
         help="With no val input: this share of the training rows (random, --seed) becomes "
-        "the val split that training stops early on; 0: none.")] = 0.1,
+        "the val split that training stops early on; 0: none.")] = DEFAULT_VAL_FRACTION,
     max_skip_fraction: Annotated[float, typer.Option(
         help="Most rows of an input --on-bad-rows skip may drop.")] = 0.05,
     overwrite: Overwrite = False,

@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
     def run_command(
         pipeline: Annotated[Path, typer.Argument(help="The pipeline YAML (pipelines/*.yaml).")],
         overrides: Annotated[list[str] | None, typer.Argument(
-            help="key=value overrides, e.g. data.inputs=[train=day_0.tsv]")] = None,
+            help="key=value overrides, e.g. data.inputs=\\[train=day_0.tsv]")] = None,
         from_step: Annotated[str | None, typer.Option("--from", help="First step to run.")] = None,
         until_step: Annotated[str | None, typer.Option("--until", help="Last step to run.")
                               ] = None,

@@ -26,7 +26,7 @@ def synth_command(
     format: Annotated[LogFormat, typer.Option("--format", "-f", help="Log format.")] = (
         LogFormat.criteo
     ),
-    rows: Annotated[int, typer.Option(help="Total rows over all splits.")] = 100_000,
+    rows: Annotated[int, typer.Option(min=1, help="Total rows over all splits.")] = 100_000,
     seed: Annotated[int, typer.Option(help="Seed: the same arguments give the same bytes.")] = 0,
     split: Annotated[
         list[str] | None,

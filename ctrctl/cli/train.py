@@ -20,6 +20,7 @@ from ctrctl.cli.common import (
     make_progress,
     tracker_from,
 )
+from ctrctl.progress import format_value
 
 
 def train_command(
@@ -37,8 +38,11 @@ def train_command(
     plan: Annotated[Path | None, typer.Option(
         help="Sharding plan (plan.json) for several processes.")] = None,
     nproc_per_node: Annotated[int, typer.Option(
-        "--nproc-per-node", min=1, help="Processes on this node (1: train in this process).")] = 1,
-    nnodes: Annotated[int, typer.Option(min=1, help="Nodes taking part.")] = 1,
+        "--nproc-per-node", min=1, help="Processes on this node (1: train in this process); "
+        "a collective waits CTRCTL_DIST_TIMEOUT_S (300) for its peers.")] = 1,
+    nnodes: Annotated[int, typer.Option(
+        min=1, help="Nodes taking part; they wait CTRCTL_JOIN_TIMEOUT_S (600) for each other "
+        "to join.")] = 1,
     node_rank: Annotated[int, typer.Option(min=0, help="This node's index.")] = 0,
     rdzv_endpoint: Annotated[str | None, typer.Option(
         help="HOST:PORT every node meets at (several nodes).")] = None,
@@ -89,11 +93,14 @@ def train_command(
                        plan=sharding,
                        tracker=tracker,
                        progress=make_progress())
-        table = Table(title=f"train: {result.step:,} steps, {result.samples_per_s:,.0f} samples/s")
+        title = (f"train: already finished at step {result.step:,} ({result.stop_reason}), "
+                 "nothing trained" if result.already_finished else
+                 f"train: {result.step:,} steps, {result.samples_per_s:,.0f} samples/s")
+        table = Table(title=title)
         table.add_column("metric")
         table.add_column("value", justify="right")
         for key, value in sorted(result.metrics.items()):
-            table.add_row(key, f"{value:.5f}" if isinstance(value, float) else str(value))
+            table.add_row(key, format_value(key, value, digits=5))
         console.print(table)
         if result.cache:
             from ctrctl.training.cache_report import format_cache_report

@@ -31,6 +31,7 @@ from ctrctl.config.loading import (
     parse_config,
 )
 from ctrctl.config.sections import (
+    DEFAULT_VAL_FRACTION,
     DataConfig,
     DenseOptimizerConfig,
     EarlyStoppingConfig,
@@ -50,6 +51,7 @@ from ctrctl.config.sections import (
 
 __all__ = [
     "ADDED_SINCE",
+    "DEFAULT_VAL_FRACTION",
     "REMOVED_KEYS",
     "DataConfig",
     "DenseOptimizerConfig",

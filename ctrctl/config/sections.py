@@ -327,6 +327,11 @@ class EvalConfig(_Section):
 
 
 # ---- sections only ``ctrctl run`` reads ------------------------------------------------------
+#: Share of the training rows carved into a val split when no val input is given: the one
+#: default of ``preprocess()``, ``ctrctl preprocess --val-fraction`` and ``data.val_fraction``.
+DEFAULT_VAL_FRACTION = 0.1
+
+
 class DataConfig(_Section):
     """The raw logs a pipeline starts from and how they are read (``ctrctl run``).
 
@@ -338,6 +343,9 @@ class DataConfig(_Section):
         split_ratio: ``"train,val,test"`` fractions for inputs without a split.
         split_seed: seed of that random split.
         on_bad_rows: ``error`` or ``skip``.
+        val_fraction: with no ``val`` input (and no ``split_ratio``), this share of the
+            training rows (random, ``split_seed``) becomes the val split training stops
+            early on; 0: none.
     """
 
     schema_path: str | None = None
@@ -345,6 +353,7 @@ class DataConfig(_Section):
     split_ratio: str | None = None
     split_seed: int = 0
     on_bad_rows: Literal["error", "skip"] = "error"
+    val_fraction: float = Field(default=DEFAULT_VAL_FRACTION, ge=0.0, lt=1.0)
 
 
 class SynthConfig(_Section):

@@ -194,4 +194,30 @@ class DatasetManifest:
         data = read_json_file(path, DatasetError(
             "no manifest.json: not a dataset folder", where=str(folder),
             hint="create one with `ctrctl preprocess`"))
-        return cls.from_dict(data, where=str(path))
+        manifest = cls.from_dict(data, where=str(path))
+        manifest.check_rows(folder, where=str(path))
+        return manifest
+
+    def check_rows(self, folder: str | Path, where: str = MANIFEST_NAME) -> None:
+        """Each split's ``rows`` against its Parquet files' own row counts (their footers):
+        the sizing rules (batch, epochs, validation cadence) read the manifest's count.
+        Splits whose files are missing or unreadable are left to the readers to report.
+
+        Raises:
+            FormatError: naming the split and both counts.
+        """
+        import pyarrow.parquet as pq
+
+        for name, info in self.splits.items():
+            paths = [Path(folder) / f for f in info.files]
+            if not paths or not all(p.is_file() for p in paths):
+                continue
+            try:
+                actual = sum(pq.read_metadata(p).num_rows for p in paths)
+            except (OSError, ValueError):  # an unreadable file: the readers name it
+                continue
+            if actual != info.rows:
+                raise FormatError(
+                    f"split {name!r} records {info.rows:,} rows but its Parquet files hold "
+                    f"{actual:,}", where=where,
+                    hint="the manifest was edited or its files replaced: preprocess again")

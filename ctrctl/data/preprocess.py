@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import polars as pl
 
+from ctrctl.config import DEFAULT_VAL_FRACTION
 from ctrctl.data.fastpath import SUMMARY, SplitSummary, fast_layout, stream_fast
 from ctrctl.data.guards import carve_plan, check_skipped
 from ctrctl.data.jobs import _Job, _parse_ratio, _plan_jobs, _Target
@@ -74,8 +75,6 @@ from ctrctl.tracking import Tracker
 logger = logging.getLogger(__name__)
 
 BadRows = Literal["error", "skip"]
-#: Share of the training rows carved into a val split when no val input is given.
-DEFAULT_VAL_FRACTION = 0.0
 #: ``--on-bad-rows skip`` refuses to drop more than this share of an input's rows.
 DEFAULT_MAX_SKIP_FRACTION = 1.0
 #: Rows per Parquet row group: large enough for fast scans, small enough to load one at a time.
@@ -248,7 +247,7 @@ def _run(
     t0 = time.perf_counter()
     estimate = [j.scan.estimated_rows for j in jobs]
     total = sum(e for e in estimate if e) if all(estimate) else None
-    progress.start("preprocess", total=total, unit="rows")
+    progress.start("preprocess", total=total, unit="rows", estimate=True)
     counts: list[dict[str, dict[str, int]]] = []
     try:
         for job in jobs:

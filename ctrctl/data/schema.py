@@ -300,17 +300,43 @@ class Schema(_Frozen):
             ) from exc
 
 
+#: The folder of the shipped schemas, as pipelines name them (``schemas/criteo.yaml``).
+SCHEMAS_FOLDER = "schemas"
+
+
+def resolve_schema_path(path: str | Path) -> Path:
+    """``path`` when it exists; otherwise a shipped schema of that name (``schemas/NAME.yaml``
+    or ``NAME.yaml`` resolves against the installed package), else ``path`` unchanged.
+
+    Example:
+        >>> resolve_schema_path("schemas/criteo.yaml")   # from any folder
+        PosixPath('.../site-packages/ctrctl/schemas/criteo.yaml')
+    """
+    path = Path(path)
+    if path.exists() or path.is_absolute():
+        return path
+    parts = path.parts
+    if (len(parts) == 2 and parts[0] == SCHEMAS_FOLDER) or len(parts) == 1:
+        from importlib.resources import files
+
+        shipped = Path(str(files("ctrctl") / SCHEMAS_FOLDER / parts[-1]))
+        if shipped.is_file():
+            return shipped
+    return path
+
+
 def load_schema(path: str | Path) -> Schema:
     """Read and validate a schema YAML file.
 
     Args:
-        path: the YAML file.
+        path: the YAML file; ``schemas/NAME.yaml`` not found in the working folder is the
+            schema shipped with ctrctl (:func:`resolve_schema_path`).
 
     Example:
         >>> load_schema("schemas/avazu.yaml").label
         'click'
     """
-    path = Path(path)
+    path = resolve_schema_path(path)
     text = read_text(path, SchemaError, "schema file",
                      hint="pass --schema schemas/criteo.yaml or another schema YAML")
     try:

@@ -279,8 +279,9 @@ def split_rows(rows: int, splits: Mapping[str, float]) -> dict[str, int]:
         >>> split_rows(1001, {"train": 0.8, "val": 0.1, "test": 0.1})
         {'train': 800, 'val': 100, 'test': 101}
     """
-    if rows < 0:
-        raise ConfigError(f"rows must be >= 0, got {rows}", hint="e.g. --rows 100000")
+    if rows < 1:
+        raise ConfigError(f"--rows must be at least 1, not {rows}: no logs to write",
+                          hint="e.g. --rows 100000")
     if not splits:
         raise ConfigError("no splits given", hint="e.g. --split train=0.8 --split test=0.2")
     for name, fraction in splits.items():

@@ -19,11 +19,13 @@ import ctypes
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,79 @@ LAUNCHER_PID_ENV = "CTRCTL_LAUNCHER_PID"
 
 #: Seconds a collective waits before failing (``CTRCTL_DIST_TIMEOUT_S`` overrides it).
 DEFAULT_TIMEOUT_S = 300.0
+#: Seconds the nodes of a multi-node launch wait for each other (torchrun's own default);
+#: ``CTRCTL_JOIN_TIMEOUT_S`` overrides it.
+JOIN_TIMEOUT_ENV = "CTRCTL_JOIN_TIMEOUT_S"
+DEFAULT_JOIN_TIMEOUT_S = 600.0
+
+
+def join_timeout_s() -> float:
+    """Seconds the nodes wait for each other: ``CTRCTL_JOIN_TIMEOUT_S`` or 600."""
+    value = os.environ.get(JOIN_TIMEOUT_ENV, "")
+    try:
+        seconds = float(value) if value else DEFAULT_JOIN_TIMEOUT_S
+    except ValueError:
+        raise ConfigError(f"{JOIN_TIMEOUT_ENV}={value!r} is not a number of seconds") from None
+    if seconds <= 0:
+        raise ConfigError(f"{JOIN_TIMEOUT_ENV} must be positive, not {value}")
+    return seconds
+
+
+@dataclass(frozen=True)
+class JoinWait:
+    """What this node of a multi-node launch waits for: the other nodes at an endpoint."""
+
+    endpoint: str
+    nnodes: int
+    node_rank: int
+    timeout_s: float
+
+    def announce(self) -> str:
+        return (f"node {self.node_rank} of {self.nnodes}: waiting at {self.endpoint} for the "
+                f"other node{'s' if self.nnodes > 2 else ''} to join (1 of {self.nnodes} "
+                f"joined: this one), at most {self.timeout_s:.0f} s ({JOIN_TIMEOUT_ENV})")
+
+    def timed_out(self, log: Path | None) -> DistributedError:
+        others = [n for n in range(self.nnodes) if n != self.node_rank]
+        missing = (f"node {others[0]}" if len(others) == 1
+                   else f"one or more of nodes {', '.join(map(str, others))}")
+        return DistributedError(
+            f"{missing} never joined: {self.nnodes} nodes were expected at {self.endpoint} "
+            f"and only this one (node {self.node_rank}) came within {self.timeout_s:.0f} s",
+            where=f"node {self.node_rank}",
+            hint=f"start the same command on the missing node with its --node-rank and "
+                 f"--rdzv-endpoint {self.endpoint}, check that it can reach that address, "
+                 f"or raise {JOIN_TIMEOUT_ENV}" + (f"; torchrun's log: {log}" if log else ""))
+
+
+@dataclass(frozen=True)
+class RankDeath:
+    """The first rank torchrun saw fail, from its failure summary ("Root Cause")."""
+
+    rank: int
+    exitcode: int
+
+    def describe(self) -> str:
+        if self.exitcode < 0:
+            try:
+                name = signal.Signals(-self.exitcode).name
+            except ValueError:
+                name = "a signal"
+            return (f"rank {self.rank} was killed by {name} (signal {-self.exitcode}) "
+                    "without a ctrctl error: killed from outside or out of memory")
+        return (f"rank {self.rank} exited with code {self.exitcode} without a ctrctl error: "
+                "a crash or an internal error")
+
+
+_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*"
+                      r"exitcode\s*:\s*(-?\d+)")
+
+
+def rank_death(log_text: str) -> RankDeath | None:
+    """The root-cause rank and its exit code in torchrun's failure summary (None: none)."""
+    section = log_text.rsplit("Root Cause", 1)[-1]
+    found = _FAILURE.search(section) or _FAILURE.search(log_text)
+    return RankDeath(int(found.group(1)), int(found.group(2))) if found else None
 
 
 def needs_launch(nproc_per_node: int, nnodes: int = 1) -> bool:
@@ -87,7 +162,8 @@ def torchrun_command(
             raise ConfigError("running on several nodes needs --rdzv-endpoint HOST:PORT",
                               hint="the same endpoint on every node, reachable from each")
         cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id or 'ctrctl'}"]
+                f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id or 'ctrctl'}",
+                f"--rdzv-conf=join_timeout={join_timeout_s():g}"]
     return [*cmd, "--max-restarts=0", *program]
 
 
@@ -105,12 +181,23 @@ def report_worker_error(message: str, kind: str = "CtrctlError") -> None:
                       {"rank": rank, "message": message, "kind": kind})
 
 
-def worker_failure(folder: Path, code: int, log: Path | None) -> DistributedError:
+def worker_failure(folder: Path, code: int, log: Path | None,
+                   join: JoinWait | None = None) -> DistributedError:
     """One error for a failed launch: the first rank's own cause, the others counted.
 
     A rank that failed because a peer died (a DistributedError: a closed connection, a
-    timeout) is a consequence, so a rank with another error is named first.
+    timeout) is a consequence, so a rank with another error is named first. A rank that
+    died without a word (``kill -9``, a crash) is named from torchrun's failure summary in
+    ``log``, with its signal or exit code; a node that never joined ``join`` is named.
     """
+    text = ""
+    if log is not None:
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            text = ""
+    if join is not None and "RendezvousTimeoutError" in text:
+        return join.timed_out(log)
     records: list[dict[str, Any]] = []
     for path in sorted(folder.glob("rank-*.json")):
         try:
@@ -121,6 +208,13 @@ def worker_failure(folder: Path, code: int, log: Path | None) -> DistributedErro
     where = f"the log of every rank: {log}" if log else None
     hint = (f"{where}, or rerun with --verbose" if where
             else "rerun with --verbose to see every rank's output")
+    death = rank_death(text)
+    silent = death is not None and all(int(r.get("rank", -1)) != death.rank for r in records)
+    if death is not None and (silent or not records):
+        after = len(records)
+        tail = f" ({after} other rank{'s' if after > 1 else ''} failed after it)" if after else ""
+        return DistributedError(f"{death.describe()}{tail}", where=f"rank {death.rank}",
+                                hint=hint)
     if not records:
         return DistributedError(f"a rank failed (torchrun exit code {code}) without a ctrctl "
                                 "error: a crash or an internal error", hint=hint)
@@ -212,6 +306,10 @@ def launch(
     cmd = torchrun_command(program, nproc_per_node, nnodes, node_rank, rdzv_endpoint,
                            rdzv_id=os.environ.get("CTRCTL_RDZV_ID", "ctrctl"))
     logger.info("starting %d process(es): %s", nproc_per_node * nnodes, " ".join(cmd))
+    join = JoinWait(rdzv_endpoint, nnodes, node_rank, join_timeout_s()) \
+        if nnodes > 1 and rdzv_endpoint is not None else None
+    if join is not None:
+        logger.info("%s", join.announce())
     verbose = logging.getLogger("ctrctl").isEnabledFor(logging.DEBUG)
     with tempfile.TemporaryDirectory(prefix="ctrctl-ranks-") as errors:
         ranks_env = {**os.environ, **(env or {}), ERROR_DIR_ENV: errors,
@@ -230,7 +328,7 @@ def launch(
             if log is not None:
                 log.unlink(missing_ok=True)
             return 0
-        raise worker_failure(Path(errors), code, log)
+        raise worker_failure(Path(errors), code, log, join)
 
 
 def init_process_group(device: str = "auto", timeout_s: float | None = None) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ctrctl.data.manifest import DatasetManifest
-from ctrctl.errors import ConfigError, DistributedError
+from ctrctl.errors import ConfigError, DatasetError, DistributedError
 from ctrctl.evaluation.baselines import (
     DEFAULT_SMOOTHING,
     base_rate_baseline,
@@ -325,6 +325,9 @@ def evaluate(
     checkpoint = Path(checkpoint) if checkpoint is not None else None
     dataset = Path(dataset) if dataset is not None else None
     predictions = Path(predictions) if predictions is not None else None
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be at least 1, not {batch_size}",
+                          hint="e.g. --batch-size 8192")
     parsed = tuple(g if isinstance(g, Gate) else parse_gates([g])[0] for g in gates)
     if checkpoint is not None and dataset is None:
         dataset = recorded_dataset(checkpoint)
@@ -423,6 +426,10 @@ def _measure(
     for seg in segments.values():
         seg.sync(group)
     details = acc.compute()  # synced over the ranks of group
+    if details.rows == 0:
+        raise DatasetError(f"nothing to evaluate: split {split!r} has no rows",
+                           where=str(predictions or dataset),
+                           hint="evaluate a split (or predictions file) that holds rows")
     baseline_rows: list[dict[str, Any]] = []
     if with_baselines and manifest is not None and dataset is not None and "train" in (
         manifest.splits

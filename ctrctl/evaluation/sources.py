@@ -195,6 +195,9 @@ def predictions_scores(
     own = [f for f in features if f in names]
     others = [f for f in features if f not in names]
     rows = sum(h.metadata.num_rows for h in handles)
+    if rows == 0:
+        raise DatasetError("the predictions file holds no rows: nothing to evaluate",
+                           where=str(path), hint="pass predictions of a non-empty split")
     start, stop = rank_range(rows, rank, world_size)
     stream = None
     if others:

@@ -176,6 +176,9 @@ def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool
             dataset = Path(cfg.preprocess.out)
         from ctrctl.data.manifest import DatasetManifest
 
+        if request.embedding_dim is not None and request.embedding_dim < 1:
+            raise ConfigError(f"--embedding-dim must be at least 1, not {request.embedding_dim}",
+                              hint="e.g. --embedding-dim 16, or leave it out for the config's")
         dim = request.embedding_dim or (cfg.model.embedding_dim if cfg else None)
         if dim is None:
             from ctrctl.config import ModelConfig

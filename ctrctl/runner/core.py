@@ -198,7 +198,12 @@ def _run_locked(cfg: PipelineConfig, source: str | None, overrides: Sequence[str
         evaluated = ctx.summaries.get("eval", {})
         result.gates_passed = bool(evaluated.get("gates_passed", True))
         result.model_uri = ctx.summaries.get("register", {}).get("model_uri")
-        parent.log_metrics({f"{o.name}.seconds": o.seconds for o in outcomes})
+        # The verdict beside the timings, so runs compare in MLflow's runs list.
+        scores = {f"eval.{k}": v for k, v in evaluated.items()
+                  if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if "gates_passed" in evaluated:
+            scores["eval.gates_passed"] = float(bool(evaluated["gates_passed"]))
+        parent.log_metrics({f"{o.name}.seconds": o.seconds for o in outcomes} | scores)
         parent.set_tags({"ctrctl.gates.passed": str(result.gates_passed).lower(),
                          **({"ctrctl.model_uri": result.model_uri} if result.model_uri else {}),
                          **{f"ctrctl.step.{o.name}": o.status for o in outcomes}})

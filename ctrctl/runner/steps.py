@@ -118,8 +118,10 @@ def _raw_inputs(ctx: Context) -> list[str]:
 
 
 def _preprocess_inputs(ctx: Context) -> dict[str, Path]:
+    from ctrctl.data.schema import resolve_schema_path
+
     assert ctx.cfg.data.schema_path is not None
-    paths: dict[str, Path] = {"schema": Path(ctx.cfg.data.schema_path)}
+    paths: dict[str, Path] = {"schema": resolve_schema_path(ctx.cfg.data.schema_path)}
     for split, matches in input_paths(_raw_inputs(ctx)):
         for path in matches:
             paths[f"{split or '-'}={path}"] = path
@@ -132,7 +134,8 @@ def _preprocess(ctx: Context, resume: bool) -> dict[str, Any]:
     d = ctx.cfg.data
     manifest = preprocess(d.schema_path, _raw_inputs(ctx), ctx.dataset,
                           split_ratio=d.split_ratio, seed=d.split_seed,
-                          on_bad_rows=d.on_bad_rows, overwrite=True, progress=ctx.progress,
+                          on_bad_rows=d.on_bad_rows, val_fraction=d.val_fraction,
+                          overwrite=True, progress=ctx.progress,
                           tracker=ctx.tracker)
     return {"rows": sum(s.rows for s in manifest.splits.values()),
             **{f"rows.{k}": v.rows for k, v in manifest.splits.items()}}

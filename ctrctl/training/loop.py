@@ -51,7 +51,7 @@ from ctrctl.errors import CheckpointError, ConfigError, OutputExistsError
 from ctrctl.io import check_output_location, write_json_atomic, writing
 from ctrctl.models import build as model_io
 from ctrctl.modules import native
-from ctrctl.progress import Progress
+from ctrctl.progress import Progress, format_value
 from ctrctl.tracking import Run, Tracker
 from ctrctl.training.cache_report import format_cache_report, gather_cache_metrics
 from ctrctl.training.early_stopping import EarlyStopping
@@ -85,6 +85,7 @@ class TrainResult:
             early stopping restores them), or None without early stopping.
         cache: what cached tables' caches did, every rank's shards
             (:func:`~ctrctl.training.cache_report.cache_metrics`; empty without them).
+        already_finished: a resume found the run finished: nothing was trained.
     """
 
     out: Path
@@ -96,6 +97,7 @@ class TrainResult:
     stop_reason: str | None = None
     best_step: int | None = None
     cache: dict[str, float] = field(default_factory=dict)
+    already_finished: bool = False
 
 
 def resolve_device(kind: str) -> torch.device:
@@ -324,7 +326,8 @@ class _Trainer:
             self.run.log_metrics({k: v for k, v in entry.items() if k != "step"},
                                  step=self.step)
             logger.info("step %d: %s", self.step,
-                        " ".join(f"{k}={v:.4f}" for k, v in entry.items() if k != "step"))
+                        " ".join(f"{k}={format_value(k, v)}" for k, v in entry.items()
+                                 if k != "step"))
         return values
 
     def _check_early_stopping(self, values: dict[str, float] | None) -> bool:
@@ -490,6 +493,20 @@ def _global_sum(value: int, world_size: int) -> int:
     return int(box.item())
 
 
+def _already_finished(trainer: _Trainer, checkpoint: Path, run: Run) -> TrainResult:
+    """A resume of a finished run: say so and change nothing (no step, no checkpoint)."""
+    if trainer.rank == 0:
+        logger.info("%s already finished at step %d (%s): nothing to train; pass a higher "
+                    "cap (training.epochs / max_steps) to continue or --overwrite to start "
+                    "over", trainer.out, trainer.step, trainer.stop_reason)
+        run.set_tags({"already_finished": "true", "stop_reason": str(trainer.stop_reason)})
+    summary = trainer.summary()
+    return TrainResult(out=trainer.out, step=trainer.step, checkpoint=checkpoint,
+                       metrics=dict(trainer.metrics), history=list(trainer.history),
+                       stop_reason=trainer.stop_reason, best_step=summary["best_step"],
+                       already_finished=True)
+
+
 def train(
     dataset: str | Path,
     out: str | Path,
@@ -549,6 +566,8 @@ def train(
         trainer = _Trainer(dataset, out, config, plan, run, progress, stop_after)
         if resume and existing is not None:
             trainer.restore(existing)
+            if trainer.stop_reason is not None:  # every rank restored the same state
+                return _already_finished(trainer, existing, run)
         if rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             write_json_atomic(out / "config.json", config.to_dict())
@@ -583,6 +602,11 @@ def train(
                 run.log_metrics(cache, step=trainer.step)
                 logger.info("cached tables:\n%s", format_cache_report(cache))
             run.log_metrics({"train.samples_per_s_total": rate}, step=trainer.step)
+            # The kept model's validation (the best step's when its weights were restored),
+            # logged last at the final step, so MLflow's runs list shows it, not the last one.
+            kept = {k: v for k, v in result.metrics.items() if k.startswith("val.")}
+            if kept:
+                run.log_metrics(kept, step=trainer.step)
             if summary["best_step"] is not None:
                 run.log_metrics({"early_stopping.best_step": float(summary["best_step"])},
                                 step=trainer.step)

@@ -39,16 +39,16 @@ def test_quantize_and_predict_in_process(trained: Trained, tmp_path: Path,  # no
     assert "fits on no shard" in capsys.readouterr().err and not (tmp_path / "x").exists()
     scores = tmp_path / "scores.parquet"
     assert main(["predict", "--model", str(export), "--dataset", str(trained.dataset.path),
-                 "--out", str(scores)]) == 0
+                 "--out", str(scores), "--no-track"]) == 0
     assert "rows/s" in capsys.readouterr().err
     assert pq.read_table(scores).column_names == ["label", "score"]
     fast = tmp_path / "compiled.parquet"
     assert main(["predict", "--model", str(export), "--dataset", str(trained.dataset.path),
-                 "--compile", "--out", str(fast)]) == 0
+                 "--compile", "--out", str(fast), "--no-track"]) == 0
     assert "could not be compiled" not in capsys.readouterr().err
     np.testing.assert_allclose(pq.read_table(fast).column("score").to_numpy(),
                                pq.read_table(scores).column("score").to_numpy(), rtol=1.3e-6)
-    assert main(["predict", "--model", str(export), "--out", str(scores)]) == 1
+    assert main(["predict", "--model", str(export), "--out", str(scores), "--no-track"]) == 1
     assert "one of --dataset and --input" in capsys.readouterr().err
 
 
@@ -75,7 +75,7 @@ def test_quantize_predict_eval(trained: Trained, tmp_path: Path) -> None:  # noq
 
     scores = tmp_path / "scores.parquet"
     done = _run(["predict", "--model", str(export), "--dataset", str(trained.dataset.path),
-                 "--split", "test", "--out", str(scores)], tmp_path)
+                 "--split", "test", "--out", str(scores), "--no-track"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rows/s" in done.stderr
     assert pq.read_table(scores).num_rows == 600

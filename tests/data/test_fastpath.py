@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -15,13 +16,16 @@ import pytest
 
 from ctrctl.data import fastpath
 from ctrctl.data import preprocess as preprocess_module
-from ctrctl.data.preprocess import preprocess
+from ctrctl.data.preprocess import preprocess as _preprocess
 from ctrctl.data.schema import Schema, load_schema
 from ctrctl.data.transforms import random_unit, sparse_kinds
 from ctrctl.errors import InputDataError
 from ctrctl.progress import Progress
 
 from .test_preprocess import CRITEO, criteo_rows, read_split, small_schema, write
+
+#: These tests check exact rows per split: no val is carved unless a test asks for one.
+preprocess = functools.partial(_preprocess, val_fraction=0.0)
 
 needs_native = pytest.mark.skipif(fastpath._fastparse is None,
                                   reason="the native parser was not built (no C compiler)")

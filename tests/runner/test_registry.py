@@ -192,7 +192,7 @@ def test_models_serve_of_the_candidate_answers_with_the_registered_scores(
     raw.write_text("".join("\t".join(row) + "\n" for row in rows))
     monkeypatch.chdir(ROOT)
     assert main(["predict", "--model", str(export), "--input", str(raw),
-                 "--out", str(tmp_path / "scores.parquet")]) == 0
+                 "--out", str(tmp_path / "scores.parquet"), "--no-track"]) == 0
     import pyarrow.parquet as pq
 
     predicted = torch.from_numpy(pq.read_table(tmp_path / "scores.parquet")

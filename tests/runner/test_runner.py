@@ -144,7 +144,7 @@ def test_demo_through_the_cli_with_mlflow_lineage(tmp_path: Path, monkeypatch) -
                 if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
     assert {"synth", "preprocess", "plan", "train", "eval"} <= set(children)
     assert children["train"].data.tags.get("mlflow.user")
-    assert len(children["train"].data.tags.get("mlflow.source.git.commit", "")) == 40
+    # the commit tag: tests/test_tracking_git.py (skipped outside a git checkout)
 
     dataset = work / "dataset"
     train_sha = tree_sha256(dataset, split_files(dataset, "train"))
