@@ -24,7 +24,6 @@ import itertools
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +55,7 @@ from ctrctl.tracking import Run, Tracker
 from ctrctl.training.cache_report import format_cache_report, gather_cache_metrics
 from ctrctl.training.early_stopping import EarlyStopping
 from ctrctl.training.optimizers import dense_optimizer
+from ctrctl.training.result import TrainResult
 from ctrctl.training.sizes import FEW_STEPS, resolve_sizes
 from ctrctl.training.validation import evaluate_model
 
@@ -65,39 +65,6 @@ logger = logging.getLogger(__name__)
 
 #: The folder under OUT holding the best validation's checkpoint.
 BEST = "best"
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    """What :func:`train` did.
-
-    Attributes:
-        out: the output folder.
-        step: optimizer steps taken in total (including those before a resume).
-        checkpoint: the final checkpoint's step folder.
-        metrics: the final metrics (``val.auc``, ``val.logloss``, ``train.loss``, ...).
-        history: one entry per logged step and validation.
-        samples_per_s: training throughput of this run (global samples, partial batches
-            counted as their real size).
-        stop_reason: ``early_stopping``, ``epochs`` or ``max_steps`` (None: stopped early by
-            ``stop_after``, not finished).
-        best_step: the step of the best validation (its weights are the final model's when
-            early stopping restores them), or None without early stopping.
-        cache: what cached tables' caches did, every rank's shards
-            (:func:`~ctrctl.training.cache_report.cache_metrics`; empty without them).
-        already_finished: a resume found the run finished: nothing was trained.
-    """
-
-    out: Path
-    step: int
-    checkpoint: Path
-    metrics: dict[str, float]
-    history: list[dict[str, Any]] = field(default_factory=list)
-    samples_per_s: float = 0.0
-    stop_reason: str | None = None
-    best_step: int | None = None
-    cache: dict[str, float] = field(default_factory=dict)
-    already_finished: bool = False
 
 
 def resolve_device(kind: str) -> torch.device:
