@@ -432,6 +432,12 @@ with warnings.catch_warnings():
     class PipelineConfig(_Section):
         """One pipeline YAML: every section optional, defaults where absent.
 
+        Attributes:
+            name: the pipeline's name: the MLflow parent run is ``run NAME``, tagged
+                ``ctrctl.pipeline``, and the default work folder is ``runs/NAME``, so it must
+                be usable as a file name.
+            description: free text for the reader of the YAML; ctrctl does not use it.
+
         Example:
             >>> PipelineConfig.model_validate({"training": {"epochs": 3}}).training.epochs
             3
