@@ -13,7 +13,7 @@ from ctrctl.config import load_config
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.errors import ConfigError
 from ctrctl.testing.datasets import make_dataset
-from ctrctl.training import model as model_io
+from ctrctl.models import build as model_io
 from ctrctl.training.loop import train
 from tests.inference.conftest import OVERRIDES
 
