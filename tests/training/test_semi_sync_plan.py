@@ -13,8 +13,8 @@ import torch
 from ctrctl.cli.app import main
 from ctrctl.config import load_config
 from ctrctl.distributed.default_plan import forced_plan
-from ctrctl.testing.datasets import make_dataset
 from ctrctl.models import build as model_io
+from ctrctl.testing.datasets import make_dataset
 
 OVERRIDES = ["model.embedding_dim=8", "model.dense_arch=[16,8]", "model.over_arch=[16,1]",
              "training.batch_size=64", "training.max_steps=2"]

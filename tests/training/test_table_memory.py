@@ -12,8 +12,8 @@ import torch
 from ctrctl.config import load_config
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.errors import ConfigError
-from ctrctl.testing.datasets import make_dataset
 from ctrctl.models import build as model_io
+from ctrctl.testing.datasets import make_dataset
 from ctrctl.training.loop import train
 from tests.inference.conftest import OVERRIDES
 
