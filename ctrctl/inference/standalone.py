@@ -1,8 +1,10 @@
 """Load and run a ctrctl serving artifact with torch, fbgemm_gpu and safetensors alone.
 
 This file is copied into every artifact as ``serving.py`` and must not import ctrctl: it
-imports only torch, safetensors, json, hashlib and warnings (and fbgemm_gpu, which
-registers the embedding kernel's op, when the program uses it). Raw rows of string features
+imports only torch, numpy, safetensors and the standard library (and fbgemm_gpu, which
+registers the embedding kernel's op, when the program uses it). Raw columns become model
+inputs in ``serving_encoder.py`` beside it (``standalone_encoder.py`` in the package),
+loaded by file path, column by column. Raw rows of string features
 in hash mode need the preprocess step's string hash, which is polars' ``hash(seed)``: for
 them (and only them) polars is imported, and before its first use it must give the ids the
 artifact recorded for a set of probe strings (the ids the training data's polars gave), so a
@@ -20,11 +22,14 @@ Folder::
     tables/shard-00000.safetensors ...   one file of quantized tables per serving shard
     serving_plan.json        which shard holds which table
     serving.py               this loader
+    serving_encoder.py       raw columns -> model inputs (loaded by the loader)
 
 Example:
     >>> import serving
     >>> model = serving.load("export")
-    >>> model.predict_records([{"I1": "3", "C1": "68fd1e64", ...}])     # [0.031, ...]
+    >>> model.predict_records([{"I1": "3", "C1": "68fd1e64", ...}])     # array([0.031, ...])
+    >>> model.input_columns()                                           # ['I1', ..., 'C26']
+    >>> model.score_columns({"I1": ["3", None], "C1": ["68fd1e64", ""]}, 2)
     >>> model.score(dense, ids, lengths)                                # (B,) tensor
     >>> fast = serving.load("export", compile=True)    # TorchInductor: needs a C++ compiler
 
@@ -37,9 +42,12 @@ does: bitwise for a bfloat16 dense part, within an ulp for an FP32 one, in the t
 """
 
 import hashlib
+import importlib.util
 import json
+import os
 import warnings
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 
@@ -50,6 +58,45 @@ MANIFEST = "manifest.json"
 
 class ArtifactError(Exception):
     """A serving artifact that cannot be used: what is wrong, and in which file."""
+
+
+class InputError(ArtifactError, ValueError):
+    """Raw input the artifact's contract refuses: an unknown column, a value of the wrong
+    type or form, a column whose length is not the row count.
+
+    Attributes:
+        feature: the column at fault (None: the request as a whole).
+        row: the row index (None: the whole column).
+        expected: what the contract expects there.
+    """
+
+    def __init__(self, message, feature=None, row=None, expected=""):
+        super().__init__(message)
+        self.feature, self.row, self.expected = feature, row, expected
+
+
+#: The encoder beside this loader: ``serving_encoder.py`` in an artifact, the package's
+#: ``standalone_encoder.py`` otherwise. Loaded by file path, never from ``sys.path``.
+ENCODER_FILES = ("serving_encoder.py", "standalone_encoder.py")
+_encoder = None
+
+
+def encoder_module():
+    """The encoder module beside this file (loaded once)."""
+    global _encoder
+    if _encoder is None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        path = next((os.path.join(here, n) for n in ENCODER_FILES
+                     if os.path.isfile(os.path.join(here, n))), None)
+        if path is None:
+            raise ArtifactError(f"{here}: no {ENCODER_FILES[0]} beside the loader")
+        spec = importlib.util.spec_from_file_location("_ctrctl_serving_encoder", path)
+        if spec is None or spec.loader is None:
+            raise ArtifactError(f"{path}: cannot be loaded as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _encoder = module
+    return _encoder
 
 
 def sha256_file(path, chunk=1 << 20):
@@ -121,10 +168,11 @@ class ServingModel:
         self.contract = manifest["input"]
         self.module = module
         self.compiled = compiled
-        self._vocab = vocabularies
         self._hashers = {}
         self._sizes = torch.tensor([f["num_embeddings"] for f in self.contract["sparse"]],
                                    dtype=torch.int64)
+        self._encoder = encoder_module().Encoder(self.contract, vocabularies,
+                                                 self._string_hasher)
 
     # ---- model inputs ---------------------------------------------------------------------
     def check_inputs(self, dense, ids, lengths):
@@ -165,39 +213,42 @@ class ServingModel:
         with torch.no_grad():
             return self.module(dense, ids, lengths)
 
-    # ---- raw rows ---------------------------------------------------------------------------
-    def encode(self, records):
-        """Raw rows (a list of dicts: feature -> raw value) -> (dense, ids, lengths)."""
-        rows = list(records)
-        dense_cols = []
-        for feature in self.contract["dense"]:
-            dense_cols.append(_dense_column(feature, [r.get(feature["name"]) for r in rows]))
-        if dense_cols:
-            dense = torch.stack(dense_cols, dim=1)
-        else:
-            dense = torch.zeros(len(rows), 0)
-        ids, lengths = [], []
-        for feature in self.contract["sparse"]:
-            name = feature["name"]
-            if feature["mode"] == "hash" and feature.get("type") == "string":
-                per_row = self._string_ids(feature, [_raw_keys(feature, row.get(name))
-                                                     for row in rows])
-            else:
-                per_row = [_sparse_ids(feature, _raw_keys(feature, row.get(name)),
-                                       self._vocab.get(name)) for row in rows]
-            for keys in per_row:
-                ids.extend(keys)
-                lengths.append(len(keys))
-        return dense, torch.tensor(ids, dtype=torch.int64), torch.tensor(lengths,
-                                                                          dtype=torch.int64)
+    # ---- raw columns and rows ---------------------------------------------------------------
+    def input_columns(self):
+        """The raw columns the model reads, in contract order (a timestamp column such as
+        Avazu's ``hour`` in place of the features derived from it)."""
+        return list(self._encoder.columns)
 
-    def _string_ids(self, feature, keys_per_row):
-        """Ids of a string-hashed feature: the preprocess step's hash (polars' ``hash`` with
-        the recorded seed, modulo the hash size; missing -> 0), all rows in one call."""
-        hash_ids = self._string_hasher(feature)
-        flat = [k for keys in keys_per_row for k in keys if k is not None]
-        hashed = iter(hash_ids([str(k) for k in flat]) if flat else [])
-        return [[0 if k is None else next(hashed) for k in keys] for keys in keys_per_row]
+    def encode_columns(self, columns, n_rows):
+        """Raw columns (name -> ``n_rows`` values; an absent column is missing) ->
+        (dense (B, F) float32, ids (N,) int64, lengths (F * B,) int64) tensors.
+
+        Raises:
+            InputError: an unknown column, a bad value (naming column, row and what was
+                expected), a column of another length.
+        """
+        try:
+            dense, ids, lengths = self._encoder.encode(columns, n_rows)
+        except encoder_module().EncodeError as exc:
+            raise InputError(str(exc), exc.feature, exc.row, exc.expected) from None
+        return torch.from_numpy(dense), torch.from_numpy(ids), torch.from_numpy(lengths)
+
+    def score_columns(self, columns, n_rows):
+        """Click probabilities (float32 numpy, row order) of raw columns."""
+        if n_rows == 0:
+            self.encode_columns(columns, 0)  # still refuses unknown columns
+            return np.zeros(0, np.float32)
+        return self.score(*self.encode_columns(columns, n_rows)).numpy()
+
+    def encode(self, records):
+        """Raw rows (a list of dicts: column -> raw value) -> (dense, ids, lengths)."""
+        rows = list(records)
+        return self.encode_columns(rows_to_columns(rows), len(rows))
+
+    def predict_records(self, records):
+        """Click probabilities (float32 numpy, row order) of raw rows (dicts)."""
+        rows = list(records)
+        return self.score_columns(rows_to_columns(rows), len(rows))
 
     def _string_hasher(self, feature):
         """The function strings -> ids of ``feature``, proven on the artifact's probes."""
@@ -232,81 +283,17 @@ class ServingModel:
         self._hashers[name] = hash_ids
         return hash_ids
 
-    def predict_records(self, records):
-        """Click probabilities (a list of floats) for raw rows."""
-        rows = list(records)
-        if not rows:
-            return []
-        return self.score(*self.encode(rows)).tolist()
 
-
-def _missing(value):
-    return value is None or value == "" or (isinstance(value, float) and value != value)
-
-
-def _dense_column(feature, values):
-    fill = float(feature.get("fill", 0.0))
-    parsed = []
-    for value in values:
-        if _missing(value):
-            parsed.append(fill)
-            continue
-        try:
-            parsed.append(float(value))
-        except (TypeError, ValueError):
-            raise ArtifactError(f"dense feature {feature['name']!r}: {value!r} is not a "
-                                "number") from None
-    column = torch.tensor(parsed, dtype=torch.float64)
-    transform = feature.get("transform", "none")
-    if transform == "log1p":
-        column = column.clamp(min=0.0).log1p()
-    elif transform == "clip":
-        low, high = feature["clip"]
-        column = column.clamp(low, high)
-    return column.to(torch.float32)
-
-
-def _key(feature, text):
-    kind = feature.get("type")
-    try:
-        if kind == "hex":
-            return int(str(text), 16)
-        if kind in ("int", "id"):
-            return int(float(text)) if isinstance(text, float) else int(str(text))
-    except ValueError:
-        raise ArtifactError(f"sparse feature {feature['name']!r}: {text!r} is not a "
-                            f"{kind} value") from None
-    return str(text)
-
-
-def _raw_keys(feature, value):
-    """A raw field -> its keys: ``[None]`` when missing (a list feature: ``[]``), the parts
-    of a list feature split on its separator (empty parts dropped), else ``[value]``."""
-    separator = feature.get("separator")
-    if _missing(value):
-        return [] if separator else [None]
-    if separator:
-        return [part for part in str(value).split(separator) if part != ""]
-    return [value]
-
-
-def _sparse_ids(feature, keys, vocabulary):
-    """Ids of one row's keys of an id, hash (hex or int) or vocabulary feature."""
-    mode, size = feature["mode"], feature["num_embeddings"]
-    out = []
-    for raw in keys:
-        if mode == "id":
-            key = 0 if raw is None else _key(feature, raw)
-            if not 0 <= key < size:
-                raise ArtifactError(f"id {key} of feature {feature['name']!r} is outside "
-                                    f"[0, {size})")
-            out.append(key)
-        elif mode == "hash":
-            out.append(0 if raw is None else _key(feature, raw) % size)  # floor modulo
-        else:
-            name = "null" if raw is None else str(_key(feature, raw))
-            out.append(int(vocabulary.get(name, 0)))
-    return out
+def rows_to_columns(rows):
+    """Rows (dicts) -> columns (name -> list), every name any row has; a row without a
+    column is missing there."""
+    names = {}
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise InputError(f"row {i}: expected an object of column -> value, got "
+                             f"{type(row).__name__}", None, i, "an object of column -> value")
+        names.update(dict.fromkeys(row))
+    return {name: [row.get(name) for row in rows] for name in names}
 
 
 def load(folder, device="cpu", compile=False):

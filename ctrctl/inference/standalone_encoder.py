@@ -1,0 +1,546 @@
+"""Raw log columns -> model inputs, column by column: the serving artifact's encoder.
+
+Copied into every artifact as ``serving_encoder.py`` beside ``serving.py``, which loads it
+by file path; like the loader it must not import ctrctl (numpy only; polars only through the
+string hasher the loader hands in). It gives the ids and dense values of the preprocess step
+(``ctrctl.data.transforms``, ``ctrctl.data.vocab``), one numpy operation per column instead
+of one Python call per value:
+
+- dense: missing -> ``fill``, then log1p (negatives -> 0) or clip, as float32;
+- hex / int keys: parsed from the digits' bytes as one (rows x digits) matrix;
+- hash mode: key mod hash size (floor modulo), missing -> id 0; vocabulary mode: a binary
+  search in the sorted keys built once at load (``null`` is the key of a missing value,
+  unseen keys id 0); id mode: the id itself, in range;
+- string hash: the loader's hasher (polars' hash, proven on the artifact's probes);
+- derived features (``hour_of_day`` 0-23, ISO ``weekday`` 1-7, ``day`` 1-31) from their raw
+  timestamp column, e.g. Avazu's ``hour`` (``YYMMDDHH``).
+
+A column the contract does not know, a value of the wrong type or form, or a column whose
+length is not the row count is an :class:`EncodeError` naming the feature, the row and what
+was expected; the loader raises it as its ``InputError``.
+
+Example:
+    >>> encoder = Encoder(manifest["input"], vocabularies, hasher)
+    >>> dense, ids, lengths = encoder.encode({"hour": ["14102100"], "C1": ["1005"]}, 1)
+"""
+
+import datetime
+import re
+
+import numpy as np
+
+#: Text or numbers a raw field may hold; anything else (a list, a dict, a bool) is refused.
+_NONE = type(None)
+#: Digit values of ASCII bytes (255: not a digit of any base; 254: NUL, the padding of the
+#: fixed-width byte strings numpy makes of a column).
+_DIGITS = np.full(256, 255, np.uint8)
+for _value, _char in enumerate(b"0123456789abcdef"):
+    _DIGITS[_char] = _value
+for _value, _char in enumerate(b"ABCDEF"):
+    _DIGITS[_char] = 10 + _value
+_DIGITS[0] = 254
+_DIRECTIVES = {"%Y": 4, "%y": 2, "%m": 2, "%d": 2, "%H": 2, "%M": 2, "%S": 2}
+_DERIVED_SIZES = {"hour_of_day": 24, "weekday": 8, "day": 32}
+
+
+class EncodeError(ValueError):
+    """A raw value or column the contract does not accept.
+
+    Attributes:
+        feature: the column (or derived feature) at fault, None for the whole request.
+        row: the row index, None when the whole column is at fault.
+        expected: what the contract expects there.
+    """
+
+    def __init__(self, feature, row, expected, got=None):
+        self.feature, self.row, self.expected = feature, row, expected
+        where = ", ".join(p for p in (f"column {feature!r}" if feature is not None else "",
+                                      f"row {row}" if row is not None else "") if p)
+        text = f"expected {expected}"
+        if got is not None:
+            shown = repr(got)
+            text += f", got {shown[:60] + '...' if len(shown) > 60 else shown}"
+        super().__init__(f"{where}: {text}" if where else text)
+
+
+def raw_columns(contract):
+    """The raw columns a contract accepts, in order; an artifact written before raw columns
+    were recorded takes one column per feature."""
+    if "columns" in contract:
+        return list(contract["columns"])
+    return [d["name"] for d in contract["dense"]] + [s["name"] for s in contract["sparse"]]
+
+
+class Encoder:
+    """The contract's encoding, with vocabularies indexed once.
+
+    Args:
+        contract: the manifest's ``input``.
+        vocabularies: feature -> {key text: id} of vocabulary-mode features.
+        string_hasher: feature entry -> a function (list of str) -> list of ids; called
+            the first time a string-hashed feature has values.
+    """
+
+    def __init__(self, contract, vocabularies, string_hasher):
+        self.contract = contract
+        self.columns = raw_columns(contract)
+        self._known = set(self.columns)
+        self._ignored = set(contract.get("ignored", [])) | {contract.get("label")} - {None}
+        self._string_hasher = string_hasher
+        self._vocab = {name: _Vocabulary(mapping, _feature(contract, name).get("type"))
+                       for name, mapping in vocabularies.items()}
+
+    def check_columns(self, names):
+        """Raise :class:`EncodeError` for the first column the contract does not know."""
+        for name in names:
+            if name in self._known or name in self._ignored:
+                continue
+            if not isinstance(name, str):
+                raise EncodeError(None, None, f"named columns ({', '.join(self.columns[:4])}, "
+                                  "...)", got=name)
+            near = [c for c in self.columns if c.lower() == name.lower()]
+            listing = ", ".join(self.columns[:8]) + (", ..." if len(self.columns) > 8 else "")
+            if near:
+                expected = (f"a column of the model: names are case-sensitive, did you mean "
+                            f"{near[0]!r}?")
+            else:
+                expected = f"a column of the model ({listing}); it has none named {name!r}"
+            raise EncodeError(name, None, expected)
+
+    def encode(self, columns, n_rows):
+        """(dense (B, F_dense) float32, ids (N,) int64, lengths (F * B,) int64) as numpy.
+
+        Args:
+            columns: raw column -> values (a sequence or a 1-D array of ``n_rows``); an
+                absent column is missing in every row.
+            n_rows: the row count B.
+        """
+        if isinstance(n_rows, bool) or not isinstance(n_rows, (int, np.integer)) or n_rows < 0:
+            raise EncodeError(None, None, "a row count >= 0", got=n_rows)
+        n_rows = int(n_rows)
+        self.check_columns(columns)
+        raw = {name: _as_column(name, values, n_rows) for name, values in columns.items()
+               if name in self._known}
+        dense = np.empty((n_rows, len(self.contract["dense"])), np.float32)
+        for j, feature in enumerate(self.contract["dense"]):
+            dense[:, j] = _dense(feature, raw.get(feature["name"]), n_rows)
+        ids, lengths = [], []
+        stamps: dict = {}  # timestamp column -> its parts, parsed once for all its features
+        for feature in self.contract["sparse"]:
+            keys, counts = self._sparse(feature, raw, n_rows, stamps)
+            ids.append(keys)
+            lengths.append(counts)
+        if not ids:
+            return dense, np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return dense, np.concatenate(ids), np.concatenate(lengths)
+
+    # ---- sparse features ----------------------------------------------------------------
+    def _sparse(self, feature, raw, n_rows, stamps):
+        name, mode, size = feature["name"], feature["mode"], int(feature["num_embeddings"])
+        derive = feature.get("derive")
+        if derive is not None:
+            source = derive["column"]
+            if source not in stamps:
+                stamps[source] = _timestamps(source, raw.get(source), n_rows, derive["format"])
+            value, missing = stamps[source][derive["kind"]], stamps[source]["missing"]
+            ids = np.where(missing, 0, value % _DERIVED_SIZES[derive["kind"]])
+            return ids.astype(np.int64), np.ones(n_rows, np.int64)
+        column = raw.get(name)
+        separator = feature.get("separator")
+        if separator:
+            texts, rows, counts = _split_lists(name, column, n_rows, separator)
+        else:
+            texts, rows, counts = column, None, np.ones(n_rows, np.int64)
+        kind = feature.get("type") or "id"
+        n = len(counts) if rows is None else len(rows)
+        if kind == "string":
+            return self._strings(feature, texts, n, rows, mode), counts
+        keys, missing = _integer_keys(name, texts, n, kind, rows)
+        if mode == "hash":
+            if kind == "hex":
+                ids = (keys.astype(np.uint64) % np.uint64(size)).astype(np.int64)
+            else:
+                ids = np.mod(keys.astype(np.int64), size)  # floor modulo, as polars' %
+            ids[missing] = 0
+        elif mode == "vocab":
+            ids = self._vocab[name].lookup(keys, missing)
+        else:  # ids as given
+            ids = np.where(missing, 0, keys.astype(np.int64))
+            bad = (ids < 0) | (ids >= size)
+            if bad.any():
+                at = int(np.flatnonzero(bad)[0])
+                raise EncodeError(name, at if rows is None else int(rows[at]),
+                                  f"an id in [0, {size})", got=int(ids[at]))
+        return ids, counts
+
+    def _strings(self, feature, texts, n, rows, mode):
+        """Ids of a string feature: hashed (missing -> 0) or looked up (missing -> null)."""
+        name = feature["name"]
+        values, missing = _texts(name, texts, n, "a string", rows)
+        ids = np.zeros(n, np.int64)
+        present = np.flatnonzero(~missing)
+        if mode == "vocab":
+            vocabulary = self._vocab[name]
+            found = vocabulary.strings
+            ids[present] = [found.get(values[i], 0) for i in present]
+            ids[missing] = vocabulary.null_id
+        elif len(present):
+            hasher = self._string_hasher(feature)
+            ids[present] = hasher([values[i] for i in present])
+        return ids
+
+
+def _feature(contract, name):
+    return next(f for f in contract["sparse"] if f["name"] == name)
+
+
+class _Vocabulary:
+    """A vocabulary (key text -> id) as sorted integer keys, or a dict for strings."""
+
+    def __init__(self, mapping, kind):
+        self.null_id = int(mapping.get("null", 0))
+        self.strings = {k: int(v) for k, v in mapping.items() if k != "null"}
+        dtype = np.uint64 if kind == "hex" else np.int64
+        if kind in ("hex", "int", "id", None):
+            keys = np.array([int(k) for k in self.strings], dtype=dtype)
+            ids = np.array(list(self.strings.values()), dtype=np.int64)
+            order = np.argsort(keys, kind="stable")
+            self.keys, self.ids = keys[order], ids[order]
+
+    def lookup(self, keys, missing):
+        if not len(self.keys):
+            ids = np.zeros(len(keys), np.int64)
+        else:
+            keys = keys.astype(self.keys.dtype)
+            at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+            ids = np.where(self.keys[at] == keys, self.ids[at], 0)
+        ids[missing] = self.null_id
+        return ids
+
+
+# ---- columns ------------------------------------------------------------------------------
+def _as_column(name, values, n_rows):
+    """A raw column as a 1-D numpy array of ``n_rows`` (object for text)."""
+    if isinstance(values, np.ndarray):
+        column = values
+    elif isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise EncodeError(name, None, f"a list of {n_rows} values", got=type(values).__name__)
+    else:
+        if len(values) != n_rows:
+            raise EncodeError(name, None, f"{n_rows} values (one per row)",
+                              got=f"{len(values)} values")
+        column = np.fromiter(values, dtype=object, count=n_rows)
+    if column.ndim != 1 or len(column) != n_rows:
+        raise EncodeError(name, None, f"{n_rows} scalar values (one per row)",
+                          got=f"an array of shape {column.shape}")
+    if column.dtype.kind in "US":
+        column = column.astype(object)
+    return column
+
+
+def _missing_mask(column):
+    """Missing values of an object column: None, "" and NaN."""
+    if column.dtype.kind == "f":
+        return np.isnan(column)
+    if column.dtype.kind in "iub":
+        return np.zeros(len(column), bool)
+    mask = column == None  # noqa: E711 (elementwise)
+    mask |= column == ""
+    types = set(map(type, column))
+    if float in types or np.float64 in types:
+        mask |= np.fromiter((isinstance(v, float) and v != v for v in column), bool,
+                            count=len(column))
+    return mask
+
+
+def _bad_scalar(name, column, rows, expected, ok_types):
+    """Raise for the first element whose type is not one of ``ok_types``."""
+    for i, value in enumerate(column):
+        if value is not None and not isinstance(value, ok_types) or isinstance(value, bool):
+            kind = ("a list" if isinstance(value, (list, tuple, np.ndarray)) else
+                    type(value).__name__)
+            raise EncodeError(name, i if rows is None else int(rows[i]),
+                              f"{expected}, not {kind}", got=value)
+
+
+def _dense(feature, column, n_rows):
+    """One dense feature's transformed float32 values."""
+    name, kind = feature["name"], feature.get("type", "float")
+    fill = float(feature.get("fill", 0.0))
+    if column is None:
+        values = np.full(n_rows, fill)
+    else:
+        expected = "an integer" if kind == "int" else "a number"
+        missing = _missing_mask(column)
+        if column.dtype.kind in "iuf":
+            values = column.astype(np.float64)
+        else:
+            if column.dtype.kind == "b" or bool in set(map(type, column)):
+                _bad_scalar(name, column, None, expected, (str, int, float, np.number))
+            filled = column.copy()
+            filled[missing] = "nan"
+            try:
+                values = filled.astype(np.float64)
+            except (TypeError, ValueError):
+                values = _dense_slowly(name, filled, missing, expected)
+        values[missing] = np.nan
+        bad = ~missing & ~np.isfinite(values)
+        if kind == "int":
+            bad |= ~missing & (values != np.floor(values))
+        if bad.any():
+            at = int(np.flatnonzero(bad)[0])
+            raise EncodeError(name, at, expected, got=column[at])
+        values[missing] = fill
+    transform = feature.get("transform", "none")
+    if transform == "log1p":
+        values = np.log1p(np.maximum(values, 0.0))
+    elif transform == "clip":
+        low, high = feature["clip"]
+        values = np.clip(values, low, high)
+    return values.astype(np.float32)
+
+
+def _dense_slowly(name, column, missing, expected):
+    """Element by element, to name the first value that is not a number."""
+    _bad_scalar(name, column, None, expected, (str, int, float, np.number))
+    out = np.empty(len(column))
+    for i, value in enumerate(column):
+        try:
+            out[i] = np.nan if missing[i] else float(value)
+        except (TypeError, ValueError):
+            raise EncodeError(name, i, expected, got=value) from None
+    return out
+
+
+def _split_lists(name, column, n_rows, separator):
+    """A multi-hot column -> (element texts, their rows, elements per row): a text is
+    split on the separator (empty parts dropped), a list taken as its elements."""
+    if column is None:
+        return np.zeros(0, object), np.zeros(0, np.int64), np.zeros(n_rows, np.int64)
+    parts, counts = [], np.zeros(n_rows, np.int64)
+    for i, value in enumerate(column):
+        if value is None or (isinstance(value, float) and value != value):
+            continue
+        if isinstance(value, str):
+            items = [p for p in value.split(separator) if p != ""]
+        elif isinstance(value, (list, tuple, np.ndarray)):
+            items = [p for p in value if p is not None and p != ""]
+        elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            items = [str(value)]
+        else:
+            raise EncodeError(name, i, f"a {separator!r}-separated text or a list",
+                              got=value)
+        parts.extend(items)
+        counts[i] = len(items)
+    rows = np.repeat(np.arange(n_rows), counts)
+    return np.fromiter(parts, dtype=object, count=len(parts)), rows, counts
+
+
+def _texts(name, column, n, expected, rows):
+    """(values as an object array of str, missing mask); numbers become their text."""
+    if column is None:
+        return np.full(n, "", dtype=object), np.ones(n, bool)
+    missing = _missing_mask(column)
+    if column.dtype.kind in "iu":
+        return column.astype(str).astype(object), missing
+    if column.dtype.kind == "f" or column.dtype.kind == "b":
+        column = column.astype(object)
+    types = set(map(type, column))
+    if not types <= {str, _NONE}:
+        _bad_scalar(name, column, rows, expected, (str, int, float, np.number))
+        column = np.array([_number_text(v) if not isinstance(v, str) and v is not None
+                           else v for v in column], dtype=object)
+    return column, missing
+
+
+def _number_text(value):
+    """A number as a log file writes it: 3.0 (a pandas int column with gaps) is "3"."""
+    if isinstance(value, float) and value == value and value == int(value):
+        return str(int(value))
+    return str(value)
+
+
+def _integer_keys(name, column, n, kind, rows):
+    """(keys, missing) of a hex (uint64), int or id (int64) column."""
+    if column is None:
+        return np.zeros(n, np.int64), np.ones(n, bool)
+    if kind != "hex" and column.dtype.kind in "iu":
+        return column.astype(np.int64), np.zeros(n, bool)
+    if kind != "hex" and column.dtype.kind == "f":
+        missing = np.isnan(column)
+        bad = ~missing & (column != np.floor(column))
+        if bad.any():
+            at = int(np.flatnonzero(bad)[0])
+            raise EncodeError(name, at if rows is None else int(rows[at]),
+                              "an integer", got=float(column[at]))
+        return np.where(missing, 0, column).astype(np.int64), missing
+    expected = "a hex string (0-9, a-f)" if kind == "hex" else "an integer"
+    texts, missing = _texts(name, column, n, expected, rows)
+    filled = texts.copy()
+    filled[missing] = "0"
+    try:
+        data = filled.astype("S")
+    except UnicodeEncodeError:
+        data = None
+    keys = None if data is None else _parse_integers(data, 16 if kind == "hex" else 10)
+    if keys is None or keys[1].any():
+        bad = np.ones(n, bool) if keys is None else keys[1]
+        for i in np.flatnonzero(bad & ~missing):
+            if _parses(filled[i], kind):
+                continue
+            raise EncodeError(name, int(i) if rows is None else int(rows[i]),
+                              expected + (" of at most 16 digits" if kind == "hex" else
+                                          " of 64 bits"), got=texts[i])
+        values = [int(t, 16) if kind == "hex" else int(t) for t in filled]
+        keys = (np.array(values, dtype=np.uint64 if kind == "hex" else np.int64), None)
+    return keys[0], missing
+
+
+def _parses(text, kind):
+    """Whether ``text`` is a key polars' ``str.to_integer`` reads (u64 hex, i64 int)."""
+    if kind == "hex":
+        return bool(re.fullmatch(r"\+?[0-9a-fA-F]+", text)) and int(text, 16) < 2**64
+    return bool(re.fullmatch(r"[+-]?[0-9]+", text)) and -2**63 <= int(text) < 2**63
+
+
+def _parse_integers(data, base):
+    """Fixed-width byte strings -> (values, bad mask), whole column at once.
+
+    Bytes become digit values through a table; a row is bad where a byte before its end
+    is no digit of ``base`` or where it may not fit in 64 bits (those are read again one
+    by one). Decimal values take a leading minus sign.
+    """
+    n, width = len(data), data.dtype.itemsize
+    matrix = data.view(np.uint8).reshape(n, width)
+    digits = _DIGITS[matrix]
+    negative = np.zeros(n, bool)
+    if base == 10:
+        negative = matrix[:, 0] == ord("-")
+        digits[negative, 0] = 254  # skipped like padding
+    present = digits != 254
+    bad = ((digits >= base) & present).any(1)
+    length = present.sum(1)
+    bad |= length == 0
+    bad |= length > (16 if base == 16 else 18)
+    # Left-aligned digits: digit i of a row of length L weighs base ** (L - 1 - i).
+    start = negative.astype(np.int64)
+    exponent = (length + start)[:, None] - 1 - np.arange(width)[None, :]
+    powers = np.uint64(base) ** np.clip(exponent, 0, 63).astype(np.uint64)
+    weights = np.where(present & ~bad[:, None], digits, 0).astype(np.uint64)
+    values = (weights * powers).sum(1, dtype=np.uint64)
+    if base == 10:
+        values = values.astype(np.int64)
+        values[negative] = -values[negative]
+    return values, bad
+
+
+# ---- timestamps ----------------------------------------------------------------------------
+def _timestamps(name, column, n_rows, fmt):
+    """Derived parts of a timestamp column: hour_of_day, ISO weekday (1-7), day, missing."""
+    if column is None:
+        zeros = np.zeros(n_rows, np.int64)
+        return {"hour_of_day": zeros, "weekday": zeros, "day": zeros,
+                "missing": np.ones(n_rows, bool)}
+    texts, missing = _texts(name, column, n_rows, f"a timestamp {fmt!r}", None)
+    filled = texts.copy()
+    filled[missing] = ""
+    fields = _packed_fields(fmt)
+    if fields is None:
+        parts = _strptime_each(name, filled, missing, fmt)
+    else:
+        parts = _parse_packed(name, filled, missing, fmt, fields)
+    year, month, day, hour = parts
+    ordinal = _days_from_civil(year, month, day)
+    weekday = (ordinal + 3) % 7 + 1  # 1970-01-01 (day 0) was a Thursday (4)
+    return {"hour_of_day": hour, "weekday": weekday, "day": day, "missing": missing}
+
+
+def _packed_fields(fmt):
+    """[(directive or literal, offset, width)] of a fixed-width format, None otherwise."""
+    fields, at, i = [], 0, 0
+    while i < len(fmt):
+        if fmt[i] == "%":
+            directive = fmt[i:i + 2]
+            if directive not in _DIRECTIVES:
+                return None
+            fields.append((directive, at, _DIRECTIVES[directive]))
+            at, i = at + _DIRECTIVES[directive], i + 2
+        else:
+            fields.append((fmt[i], at, 1))
+            at, i = at + 1, i + 1
+    return fields
+
+
+def _parse_packed(name, texts, missing, fmt, fields):
+    width = sum(w for _, _, w in fields)
+    expected = f"a timestamp {fmt!r} ({width} characters)"
+    try:
+        data = texts.astype(f"S{width}") if len(texts) else np.zeros(0, f"S{width}")
+        wrong = np.fromiter(map(len, texts), np.int64, count=len(texts)) != width
+    except UnicodeEncodeError:
+        data, wrong = None, np.ones(len(texts), bool)
+    wrong &= ~missing
+    if wrong.any():
+        at = int(np.flatnonzero(wrong)[0])
+        raise EncodeError(name, at, expected, got=texts[at])
+    if data is None:  # unreachable: a text that is not ASCII made every row wrong above
+        raise EncodeError(name, None, expected)
+    matrix = data.view(np.uint8).reshape(len(texts), width).astype(np.int64)
+    value: dict = {"%Y": None, "%y": None, "%m": 1, "%d": 1, "%H": 0, "%M": 0, "%S": 0}
+    bad = np.zeros(len(texts), bool)
+    for part, offset, size in fields:
+        block = matrix[:, offset:offset + size]
+        if part in _DIRECTIVES:
+            digits = block - ord("0")
+            bad |= ((digits < 0) | (digits > 9)).any(1)
+            value[part] = (digits * 10 ** np.arange(size - 1, -1, -1)).sum(1)
+        else:
+            bad |= block[:, 0] != ord(part)
+    year: np.ndarray
+    if value["%Y"] is not None:
+        year = value["%Y"]
+    elif value["%y"] is not None:  # POSIX (and chrono): 00-68 -> 20xx, 69-99 -> 19xx
+        year = np.where(value["%y"] < 69, 2000, 1900) + value["%y"]
+    else:
+        year = np.full(len(texts), 1970)
+    month, day, hour = (np.broadcast_to(np.asarray(value[k]), (len(texts),))
+                        for k in ("%m", "%d", "%H"))
+    minute, second = (np.broadcast_to(np.asarray(value[k]), (len(texts),))
+                      for k in ("%M", "%S"))
+    bad |= (month < 1) | (month > 12) | (hour > 23) | (minute > 59) | (second > 60)
+    bad |= (day < 1) | (day > _days_in_month(year, np.clip(month, 1, 12)))
+    bad &= ~missing
+    if bad.any():
+        at = int(np.flatnonzero(bad)[0])
+        raise EncodeError(name, at, expected, got=texts[at])
+    return (np.where(missing, 1970, year), np.where(missing, 1, month),
+            np.where(missing, 1, day), np.where(missing, 0, hour))
+
+
+def _strptime_each(name, texts, missing, fmt):
+    """A format with other directives: Python's strptime, value by value."""
+    parts = np.zeros((4, len(texts)), np.int64)
+    parts[:, :] = np.array([1970, 1, 1, 0])[:, None]
+    for i in np.flatnonzero(~missing):
+        try:
+            stamp = datetime.datetime.strptime(texts[i], fmt)
+        except ValueError:
+            raise EncodeError(name, int(i), f"a timestamp {fmt!r}", got=texts[i]) from None
+        parts[:, i] = (stamp.year, stamp.month, stamp.day, stamp.hour)
+    return parts[0], parts[1], parts[2], parts[3]
+
+
+def _days_in_month(year, month):
+    leap = ((year % 4 == 0) & (year % 100 != 0)) | (year % 400 == 0)
+    days = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])[month]
+    return days + (leap & (month == 2))
+
+
+def _days_from_civil(year, month, day):
+    """Days since 1970-01-01 of proleptic Gregorian dates (H. Hinnant's algorithm)."""
+    y = year - (month <= 2)
+    era = np.floor_divide(y, 400)
+    yoe = y - era * 400
+    doy = (153 * (month + np.where(month > 2, -3, 9)) + 2) // 5 + day - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
