@@ -96,8 +96,9 @@ class Encoder:
             if name in self._known or name in self._ignored:
                 continue
             if not isinstance(name, str):
-                raise EncodeError(None, None, f"named columns ({', '.join(self.columns[:4])}, "
-                                  "...)", got=name)
+                raise EncodeError(None, None, f"named raw columns "
+                                  f"({', '.join(self.columns[:4])}, ...), not a column "
+                                  f"numbered {name!r} (a tensor or a list of lists)")
             near = [c for c in self.columns if c.lower() == name.lower()]
             listing = ", ".join(self.columns[:8]) + (", ..." if len(self.columns) > 8 else "")
             if near:
