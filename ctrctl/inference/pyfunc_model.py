@@ -89,7 +89,7 @@ class ServingArtifactModel(PythonModel):
         self.model = serving.load(folder, compile=bool(config.get("compile", False)))
         self.input_error = serving.InputError
         self.max_rows = int(config.get("max_rows") or
-                            os.environ.get("CTRCTL_PYFUNC_MAX_ROWS", DEFAULT_MAX_ROWS))
+                            os.environ.get("CTRCTL_PYFUNC_MAX_ROWS") or DEFAULT_MAX_ROWS)
         utils_logger = logging.getLogger("mlflow.models.utils")
         if not any(isinstance(f, _DroppedColumns) for f in utils_logger.filters):
             utils_logger.addFilter(_DroppedColumns())

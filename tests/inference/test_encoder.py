@@ -59,7 +59,7 @@ HEX = st.integers(0, 2**64 - 1).map(lambda v: f"{v:x}") | st.integers(0, 2**20).
     lambda v: f"{v:08X}") | st.sampled_from(SEEN["hex"])
 INT = st.integers(-2**62, 2**62).map(str) | st.sampled_from(SEEN["int"])
 STR = _text() | st.sampled_from(SEEN["str"])
-HOUR = st.datetimes(datetime.datetime(1969, 1, 1), datetime.datetime(2068, 12, 31)).map(
+HOUR = st.datetimes(datetime.datetime(1970, 1, 1), datetime.datetime(2069, 12, 31)).map(
     lambda d: d.strftime("%y%m%d%H"))
 DENSE_INT = st.integers(-10**6, 10**9).map(str)
 DENSE_FLOAT = st.floats(-1e6, 1e6, allow_nan=False).map(repr)
@@ -206,3 +206,14 @@ def test_records_that_are_not_objects_and_absent_columns(mixed: ServingModel) ->
     null_str = json.loads(Path(mixed.folder, "vocab", "v_str.json").read_text())["null"]
     assert ids.tolist() == [0] * 10 + [null_str] * 2 + [0] * 6
     assert dense[:, 1].tolist() == [1.5, 1.5]  # n_float's fill
+
+
+def test_two_digit_years_pivot_as_polars_reads_them(mixed: ServingModel) -> None:
+    # chrono (polars' strptime) reads %y 00-69 as 20xx and 70-99 as 19xx (Python: 69 is
+    # 1969): 2069-01-01 was a Tuesday, 1970-01-01 a Thursday.
+    _, ids, lengths = mixed.encode_columns({"hour": ["69010100", "70010123"]}, 2)
+    order = mixed.contract["order"]
+    ends = lengths.view(len(order), 2).sum(1).cumsum(0).tolist()
+    by_feature = {name: ids[end - 2:end].tolist() for name, end in zip(order, ends,
+                                                                        strict=True)}
+    assert by_feature["weekday"] == [2, 4] and by_feature["hour_of_day"] == [0, 23]
