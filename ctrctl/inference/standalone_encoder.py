@@ -286,7 +286,8 @@ def _bad_scalar(name, column, rows, expected, ok_types):
 def _grouped(raw, features, parse):
     """{name: parse(name, column, n, kind, None)} of the object columns of ``features``
     (name, kind), the columns of one kind parsed as one array."""
-    out, by_kind = {}, {}
+    out = {}
+    by_kind: dict = {}  # kind -> names of its object columns
     for name, kind in features:
         column = raw.get(name)
         if column is not None and column.dtype == object:
