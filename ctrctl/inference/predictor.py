@@ -16,7 +16,6 @@ Example:
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -34,6 +33,7 @@ from ctrctl.data.batch import Batch
 from ctrctl.data.dataset import BatchLoader
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.errors import CheckpointError, DatasetError, OutputExistsError
+from ctrctl.inference.batch_scoring import ScoresWriter, score_raw, score_split
 from ctrctl.training import model as model_io
 
 __all__ = ["PredictResult", "batch_inputs", "check_transforms", "load_model",
@@ -195,29 +195,6 @@ def check_transforms(model_manifest: dict[str, Any], dataset: DatasetManifest,
                            hint="preprocess with --reuse-transforms of the model's dataset")
 
 
-def _write_scores(out: Path, labels: list[np.ndarray], scores: list[np.ndarray],
-                  overwrite: bool) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    columns = {"score": pa.array(np.concatenate(scores) if scores else
-                                 np.zeros(0, np.float32))}
-    if labels:
-        columns = {"label": pa.array(np.concatenate(labels).astype(np.int8)), **columns}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    os.close(fd)
-    try:
-        pq.write_table(pa.table(columns), tmp)
-        if out.exists() and not overwrite:
-            raise OutputExistsError("the scores file already exists", where=str(out),
-                                    hint="pass --overwrite to replace it")
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def predict_dataset(model_dir: str | Path, dataset: str | Path, split: str,
                     out: str | Path, *, batch_size: int = 8192, overwrite: bool = False,
                     num_workers: int = 1, compile: bool = False) -> PredictResult:
@@ -225,7 +202,9 @@ def predict_dataset(model_dir: str | Path, dataset: str | Path, split: str,
 
     ``compile`` compiles the program with TorchInductor first (``serving.load``'s
     ``compile``: several seconds, then faster batches; the program as exported, with a
-    warning, where it cannot compile).
+    warning, where it cannot compile). The split streams through in ``batch_size`` rows
+    (:func:`ctrctl.inference.batch_scoring.score_split`); ``num_workers`` is accepted for
+    callers of the loader-based path and not used.
 
     Raises:
         DatasetError: the dataset's transforms are not the model's (names the transform).
@@ -242,26 +221,23 @@ def predict_dataset(model_dir: str | Path, dataset: str | Path, split: str,
     manifest = DatasetManifest.load(dataset)
     if recorded.is_file():
         check_transforms(json.loads(recorded.read_text()), manifest, str(dataset))
-    order = serving.contract["order"]
     started = time.perf_counter()
-    labels, scores, rows = [], [], 0
-    loader = BatchLoader.for_scoring(dataset, split, batch_size, num_workers=num_workers)
-    for batch in loader.epoch(0):
-        scores.append(serving.score(*batch_inputs(batch, order)).numpy())
-        labels.append(batch.labels.numpy())
-        rows += batch.batch_size
-    _write_scores(out, labels, scores, overwrite)
+    with ScoresWriter(out, overwrite=overwrite) as writer:
+        rows = score_split(serving, Path(dataset), split, batch_size, writer)
     return PredictResult(out, rows, time.perf_counter() - started, True)
 
 
 def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
                 batch_size: int = 8192, overwrite: bool = False,
                 on_bad_rows: str = "error", compile: bool = False) -> PredictResult:
-    """Score raw logs: preprocess them with the model's schema, vocabularies and hash sizes
-    (``ctrctl.data``'s transforms, as ``--reuse-transforms`` applies them), then score.
-    """
-    from ctrctl.data.preprocess import preprocess
+    """Score raw logs with the model's schema, vocabularies and hash sizes.
 
+    The logs stream through the preprocess step's reader and the artifact's column encoder
+    in ``batch_size`` rows (:func:`ctrctl.inference.batch_scoring.score_raw`: the ids of
+    preprocess, in bounded memory); a bad row stops it, naming file, line and column. With
+    ``on_bad_rows`` other than ``error`` the logs are preprocessed first (into a temporary
+    dataset beside ``out``, which skips bad rows as preprocess does), then scored.
+    """
     out = Path(out)
     if out.exists() and not overwrite:
         raise OutputExistsError("the scores file already exists", where=str(out),
@@ -271,6 +247,18 @@ def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
         raise DatasetError("the artifact records no dataset transforms", where=str(model_dir),
                            hint="score a preprocessed split with --dataset instead")
     started = time.perf_counter()
+    recorded = DatasetManifest.load(transforms)
+    if on_bad_rows == "error" and recorded.schema.get("columns"):
+        from ctrctl.data.schema import Schema
+        from ctrctl.inference.export import load_artifact
+
+        serving = load_artifact(model_dir, compile=compile)
+        with ScoresWriter(out, overwrite=overwrite) as writer:
+            rows = score_raw(serving, Schema.from_dict(recorded.schema), Path(raw),
+                             batch_size, writer)
+        return PredictResult(out, rows, time.perf_counter() - started, True)
+    from ctrctl.data.preprocess import preprocess
+
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".predict-", dir=out.parent) as tmp:
         staged = Path(tmp) / "dataset"

@@ -1,0 +1,188 @@
+"""Streaming batch scoring for ``ctrctl predict``: a Parquet split or raw logs, chunk by chunk.
+
+Memory stays one chunk (``batch_size`` rows) plus the model, whatever the input's size:
+
+- a preprocessed split is read row group by row group with pyarrow, its columns laid out as
+  the program's (dense, ids, lengths) directly (no loader, no KeyedJaggedTensor permute);
+- raw logs are read by the preprocess step's own reader (``ctrctl.data.readers``: the same
+  parsing, header detection, gzip, CSV/TSV/libfm/Parquet) in streamed chunks, and encoded by
+  the artifact's column encoder (``serving_encoder.py``), which gives the preprocess step's
+  ids; a bad value is a :class:`~ctrctl.errors.DatasetError` naming file, line and column;
+- scores (and labels) are appended to a Parquet file in the output's folder, renamed onto
+  the output when complete (never a partial file under the output's name).
+
+Example:
+    >>> with ScoresWriter(Path("scores.parquet"), overwrite=False) as writer:
+    ...     rows = score_split(serving, dataset, "test", 8192, writer)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from ctrctl.data.manifest import DatasetManifest
+from ctrctl.data.schema import Schema
+from ctrctl.data.transforms import EXTRA, ROW, label_value
+from ctrctl.errors import DatasetError, OutputExistsError
+
+__all__ = ["ScoresWriter", "score_raw", "score_split"]
+
+
+class ScoresWriter:
+    """Label + score rows appended to ``out`` (staged beside it, renamed when closed)."""
+
+    def __init__(self, out: Path, *, overwrite: bool, labels: bool = True) -> None:
+        self.out, self.overwrite, self.labels = out, overwrite, labels
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+        os.close(fd)
+        self._tmp = Path(tmp)
+        fields = [pa.field("label", pa.int8())] if labels else []
+        self._schema = pa.schema([*fields, pa.field("score", pa.float32())])
+        self._writer = pq.ParquetWriter(tmp, self._schema)
+
+    def write(self, labels: np.ndarray | None, scores: np.ndarray) -> None:
+        columns: list[Any] = [pa.array(scores.astype(np.float32, copy=False))]
+        if self.labels:
+            assert labels is not None
+            columns.insert(0, pa.array(labels.astype(np.int8, copy=False)))
+        self._writer.write_table(pa.Table.from_arrays(columns, schema=self._schema))
+
+    def __enter__(self) -> ScoresWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self._writer.close()
+        try:
+            if kind is None:
+                if self.out.exists() and not self.overwrite:
+                    raise OutputExistsError("the scores file already exists",
+                                            where=str(self.out),
+                                            hint="pass --overwrite to replace it")
+                os.replace(self._tmp, self.out)
+        finally:
+            self._tmp.unlink(missing_ok=True)
+
+
+def _split_files(dataset: Path, manifest: DatasetManifest, split: str) -> list[Path]:
+    info = manifest.split(split)
+    files = ([dataset / f for f in info.files] if info.files else
+             sorted((dataset / split).glob("*.parquet")))
+    if not files or not all(f.is_file() for f in files):
+        raise DatasetError(f"split {split!r} has missing or no Parquet files",
+                           where=str(dataset), hint="re-run `ctrctl preprocess`")
+    return files
+
+
+def _sparse_inputs(batch: pa.RecordBatch, order: list[str]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, lengths) key-major from a batch's id columns (int64, or lists of int64)."""
+    ids, lengths = [], []
+    for name in order:
+        column = batch.column(name)
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            offsets = column.offsets.to_numpy()
+            lengths.append(np.diff(offsets).astype(np.int64))
+            ids.append(column.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
+                       .astype(np.int64, copy=False))
+        else:
+            ids.append(column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
+            lengths.append(np.ones(len(column), np.int64))
+    return np.concatenate(ids), np.concatenate(lengths)
+
+
+def score_split(serving: Any, dataset: Path, split: str, batch_size: int,
+                writer: ScoresWriter) -> int:
+    """Score a preprocessed split in file order, ``batch_size`` rows at a time; the rows."""
+    manifest = DatasetManifest.load(dataset)
+    order = list(serving.contract["order"])
+    dense_names = [d["name"] for d in serving.contract["dense"]]
+    rows = 0
+    for path in _split_files(dataset, manifest, split):
+        handle = pq.ParquetFile(path)
+        for batch in handle.iter_batches(batch_size=batch_size,
+                                         columns=[manifest.label, *dense_names, *order]):
+            dense = np.empty((batch.num_rows, len(dense_names)), np.float32)  # (B, F_dense)
+            for j, name in enumerate(dense_names):
+                dense[:, j] = batch.column(name).to_numpy(zero_copy_only=False)
+            ids, lengths = _sparse_inputs(batch, order)
+            scores = serving.score(torch.from_numpy(dense), torch.from_numpy(ids),
+                                   torch.from_numpy(lengths))
+            labels = batch.column(manifest.label).to_numpy(zero_copy_only=False)
+            writer.write(labels, scores.numpy())
+            rows += batch.num_rows
+    return rows
+
+
+def score_raw(serving: Any, schema: Schema, raw: Path, batch_size: int,
+              writer: ScoresWriter) -> int:
+    """Score raw logs chunk by chunk with the artifact's encoder; the rows scored.
+
+    Raises:
+        DatasetError: a row with too many fields, a bad label or a bad value (naming the
+            file, line and column).
+    """
+    import polars as pl
+
+    from ctrctl.data.readers import reading, scan_input
+
+    scan = scan_input(schema, raw)
+    label = next(c for c in schema.columns if c.role == "label")
+    value, bad = label_value(label, schema.label_rule)
+    wanted = list(serving.input_columns())
+    rows = 0
+    with reading(raw):
+        for chunk in _chunks(scan.frame.select(
+                pl.col(ROW), pl.col(EXTRA), value.alias("__label"), bad.alias("__bad_label"),
+                *[pl.col(c) for c in wanted]), batch_size):
+            line = _first_bad_line(chunk, scan.header_lines)
+            if line is not None:
+                kind, at = line
+                raise DatasetError(f"{kind} (the model's schema has {len(schema.columns)} "
+                                   "columns)" if kind == "too many fields" else kind,
+                                   where=f"{raw}:{at}",
+                                   hint="fix the row, or score with preprocess's "
+                                   "--on-bad-rows skip through --dataset")
+            columns = {name: chunk.get_column(name).to_numpy() for name in wanted}
+            try:
+                scores = serving.score_columns(columns, chunk.height)
+            except ValueError as exc:  # the loader's InputError
+                row, message, where = getattr(exc, "row", None), str(exc), str(raw)
+                if row is not None:  # the chunk's row -> the file's data row and line
+                    data_row = int(chunk.get_column(ROW)[row])
+                    message = message.replace(f"row {row}:", f"row {data_row}:", 1)
+                    where = f"{raw}:{data_row + 1 + scan.header_lines}"
+                raise DatasetError(message, where=where,
+                                   hint="the value is not what the model's schema reads"
+                                   ) from None
+            writer.write(chunk.get_column("__label").to_numpy(), scores)
+            rows += chunk.height
+    return rows
+
+
+def _chunks(frame: Any, size: int) -> Iterator[Any]:
+    for chunk in frame.collect_batches(chunk_size=size, maintain_order=True):
+        if chunk.height:
+            yield chunk
+
+
+def _first_bad_line(chunk: Any, header_lines: int) -> tuple[str, int] | None:
+    """("too many fields" or "bad label", line) of the chunk's first such row."""
+    for column, kind in ((EXTRA, "too many fields"), ("__bad_label", "bad label")):
+        flags = chunk.get_column(column)
+        flags = flags.is_not_null() if column == EXTRA else flags.fill_null(True)
+        if flags.any():
+            at = int(flags.arg_true()[0])
+            return kind, int(chunk.get_column(ROW)[at]) + 1 + header_lines
+    return None
