@@ -1,11 +1,14 @@
 """``ctrctl predict`` rows/s, before and after the streaming paths, in the same run.
 
-A small DLRM is trained on synthetic Criteo logs (``--train-rows``; the demo's shape: dim 16,
-dense arch 64,16, over arch 64,1) and exported INT8. On ``--rows`` synthetic test rows:
+A small DLRM is trained on synthetic Criteo logs (``--train-rows``; the demo's schema,
+``criteo_vocab``: every categorical in vocabulary mode, and its shape: dim 16, dense arch
+64,16, over arch 64,1) and exported INT8. On ``--rows`` synthetic test rows:
 
-- ``--input`` (raw logs): ``predict_raw`` now (the preprocess step's reader in chunks, the
-  artifact's column encoder, scores appended) against ``predict_raw`` of commit ``BEFORE``
-  (preprocess into a temporary dataset, then the loader path, scores kept in memory);
+- ``--input`` (raw logs): ``predict_raw`` now (preprocess into a temporary dataset, then its
+  row groups streamed to the program, scores appended) and its ``via="encoder"`` way (the
+  preprocess step's reader in chunks and the artifact's column encoder), against
+  ``predict_raw`` of commit ``BEFORE`` (preprocess, then the loader path, scores kept in
+  memory);
 - ``--dataset`` (the same rows preprocessed with the model's transforms): ``predict_dataset``
   now (row groups straight to the program's inputs) against that of ``BEFORE``.
 
@@ -46,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rows", type=int, default=50_000, help="test rows scored per run")
     parser.add_argument("--train-rows", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--schema", default="criteo_vocab",
+                        help="schemas/NAME.yaml (the demo's: criteo_vocab; criteo: hash mode)")
     parser.add_argument("--big-rows", type=int, default=0,
                         help="also measure peak RSS of the CLI on this many rows")
     return parser.parse_args(argv)
@@ -111,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         synthesize(root / "test", rows=args.rows, format="criteo", seed=2,
                    splits={"test": 1.0})
         dataset = root / "dataset"
-        preprocess(ROOT / "schemas" / "criteo.yaml", [f"train={root / 'train' / 'train.tsv'}"],
-                   dataset)
+        preprocess(ROOT / "schemas" / f"{args.schema}.yaml",
+                   [f"train={root / 'train' / 'train.tsv'}"], dataset)
         run = train(dataset, root / "run", load_config(None, OVERRIDES))
         export = write_artifact(quantize_checkpoint(run.checkpoint,
                                                     QuantizeConfig(dtype="int8")),
@@ -125,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         out = root / "scores.parquet"
         cases: dict[str, Callable[[], int]] = {
             "input now": lambda: predictor.predict_raw(export, raw, out, overwrite=True).rows,
+            "input encoder": lambda: predictor.predict_raw(export, raw, out, overwrite=True,
+                                                           via="encoder").rows,
             "input before": lambda: old.predict_raw(export, raw, out, overwrite=True).rows,
             "dataset now": lambda: predictor.predict_dataset(export, scored, "test", out,
                                                              overwrite=True).rows,
@@ -132,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                                                           overwrite=True).rows,
         }
         print(f"CPU: {_cpu()}; load average before: {os.getloadavg()}")
-        print(f"{args.rows:,} synthetic Criteo rows, batch 8192, {args.repeats} repeats, "
-              "torch on 1 thread")
+        print(f"{args.rows:,} synthetic Criteo rows, schemas/{args.schema}.yaml, batch 8192, "
+              f"{args.repeats} repeats, torch on 1 thread")
         medians = {}
         for name, call in cases.items():
             call()  # warm-up (and the same output path for both)

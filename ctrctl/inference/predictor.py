@@ -229,14 +229,21 @@ def predict_dataset(model_dir: str | Path, dataset: str | Path, split: str,
 
 def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
                 batch_size: int = 8192, overwrite: bool = False,
-                on_bad_rows: str = "error", compile: bool = False) -> PredictResult:
+                on_bad_rows: str = "error", compile: bool = False,
+                via: str = "preprocess") -> PredictResult:
     """Score raw logs with the model's schema, vocabularies and hash sizes.
 
-    The logs stream through the preprocess step's reader and the artifact's column encoder
-    in ``batch_size`` rows (:func:`ctrctl.inference.batch_scoring.score_raw`: the ids of
-    preprocess, in bounded memory); a bad row stops it, naming file, line and column. With
-    ``on_bad_rows`` other than ``error`` the logs are preprocessed first (into a temporary
-    dataset beside ``out``, which skips bad rows as preprocess does), then scored.
+    Both ways stream, in bounded memory, and give the same ids:
+
+    - ``via="preprocess"`` (the command's): the logs are preprocessed with the model's
+      transforms (``--reuse-transforms``: polars, and the native TSV reader where it
+      applies) into a temporary dataset beside ``out``, whose row groups are then scored
+      (:func:`predict_dataset`); ``on_bad_rows`` as preprocess takes it. The faster on a
+      file: the preprocess step parses on every core.
+    - ``via="encoder"``: the preprocess step's reader in ``batch_size`` chunks and the
+      artifact's column encoder, as a server encodes a request
+      (:func:`ctrctl.inference.batch_scoring.score_raw`); no temporary dataset; a bad row
+      stops it, naming file, line and column (``on_bad_rows`` must be ``error``).
     """
     out = Path(out)
     if out.exists() and not overwrite:
@@ -247,11 +254,14 @@ def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
         raise DatasetError("the artifact records no dataset transforms", where=str(model_dir),
                            hint="score a preprocessed split with --dataset instead")
     started = time.perf_counter()
-    recorded = DatasetManifest.load(transforms)
-    if on_bad_rows == "error" and recorded.schema.get("columns"):
+    if via == "encoder":
         from ctrctl.data.schema import Schema
         from ctrctl.inference.export import load_artifact
 
+        recorded = DatasetManifest.load(transforms)
+        if on_bad_rows != "error" or not recorded.schema.get("columns"):
+            raise DatasetError("the encoder path stops at a bad row and needs the model's "
+                               "schema", where=str(model_dir), hint="use via='preprocess'")
         serving = load_artifact(model_dir, compile=compile)
         with ScoresWriter(out, overwrite=overwrite) as writer:
             rows = score_raw(serving, Schema.from_dict(recorded.schema), Path(raw),

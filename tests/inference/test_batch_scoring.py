@@ -1,6 +1,6 @@
-"""``ctrctl predict`` streams: raw logs through the column encoder and a split through its
-row groups score as the preprocessed split does, chunk by chunk, and a bad row names its
-file, line and column (no partial scores file is left)."""
+"""``ctrctl predict`` streams: raw logs through the column encoder (``via="encoder"``) and
+a split through its row groups score as the preprocessed split does, chunk by chunk, and a
+bad row names its file, line and column (no partial scores file is left)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ def test_raw_logs_stream_in_chunks_and_score_as_the_split(
         original(self, labels, scores)
 
     monkeypatch.setattr(batch_scoring.ScoresWriter, "write", counted)
-    raw = predict_raw(criteo.export, criteo.test_tsv, tmp_path / "raw.parquet", batch_size=97)
+    raw = predict_raw(criteo.export, criteo.test_tsv, tmp_path / "raw.parquet", batch_size=97,
+                      via="encoder")
     assert raw.rows == 500 and max(writes) <= 97 and sum(writes) == 500
     split = predict_dataset(criteo.export, criteo.dataset, "test", tmp_path / "split.parquet",
                             batch_size=128)
@@ -83,11 +84,12 @@ def test_a_bad_value_names_file_line_and_column(criteo: Exported, tmp_path: Path
     bad = tmp_path / "bad.tsv"
     bad.write_text("\n".join(lines) + "\n")
     with pytest.raises(DatasetError, match="column 'C3', row 6: expected a hex") as caught:
-        predict_raw(criteo.export, bad, tmp_path / "scores.parquet", batch_size=4)
+        predict_raw(criteo.export, bad, tmp_path / "scores.parquet", batch_size=4,
+                    via="encoder")
     assert caught.value.where == f"{bad}:7"
     assert list(tmp_path.glob("*.parquet")) == [] and list(tmp_path.glob(".scores*")) == []
     lines[6] = lines[6] + "\textra"
     bad.write_text("\n".join(lines) + "\n")
     with pytest.raises(DatasetError, match="too many fields") as caught:
-        predict_raw(criteo.export, bad, tmp_path / "scores.parquet")
+        predict_raw(criteo.export, bad, tmp_path / "scores.parquet", via="encoder")
     assert caught.value.where == f"{bad}:7"
