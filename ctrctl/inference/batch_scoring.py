@@ -1,9 +1,7 @@
-"""Streaming batch scoring for ``ctrctl predict``: a Parquet split or raw logs, chunk by chunk.
+"""Streaming batch scoring for ``ctrctl predict``: scores appended, raw logs chunk by chunk.
 
-Memory stays one chunk (``batch_size`` rows) plus the model, whatever the input's size:
+Memory stays a few chunks (``batch_size`` rows) plus the model, whatever the input's size:
 
-- a preprocessed split is read row group by row group with pyarrow, its columns laid out as
-  the program's (dense, ids, lengths) directly (no loader, no KeyedJaggedTensor permute);
 - raw logs are read by the preprocess step's own reader (``ctrctl.data.readers``: the same
   parsing, header detection, gzip, CSV/TSV/libfm/Parquet) in streamed chunks, and encoded by
   the artifact's column encoder (``serving_encoder.py``), which gives the preprocess step's
@@ -13,7 +11,7 @@ Memory stays one chunk (``batch_size`` rows) plus the model, whatever the input'
 
 Example:
     >>> with ScoresWriter(Path("scores.parquet"), overwrite=False) as writer:
-    ...     rows = score_split(serving, dataset, "test", 8192, writer)
+    ...     rows = score_raw(serving, schema, Path("test.tsv"), 8192, writer)
 """
 
 from __future__ import annotations
@@ -28,14 +26,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
-from ctrctl.data.manifest import DatasetManifest
 from ctrctl.data.schema import Schema
 from ctrctl.data.transforms import EXTRA, ROW, label_value
 from ctrctl.errors import DatasetError, OutputExistsError
 
-__all__ = ["ScoresWriter", "score_raw", "score_split"]
+__all__ = ["ScoresWriter", "score_raw"]
 
 
 class ScoresWriter:
@@ -73,56 +69,6 @@ class ScoresWriter:
                 os.replace(self._tmp, self.out)
         finally:
             self._tmp.unlink(missing_ok=True)
-
-
-def _split_files(dataset: Path, manifest: DatasetManifest, split: str) -> list[Path]:
-    info = manifest.split(split)
-    files = ([dataset / f for f in info.files] if info.files else
-             sorted((dataset / split).glob("*.parquet")))
-    if not files or not all(f.is_file() for f in files):
-        raise DatasetError(f"split {split!r} has missing or no Parquet files",
-                           where=str(dataset), hint="re-run `ctrctl preprocess`")
-    return files
-
-
-def _sparse_inputs(batch: pa.RecordBatch, order: list[str]
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, lengths) key-major from a batch's id columns (int64, or lists of int64)."""
-    ids, lengths = [], []
-    for name in order:
-        column = batch.column(name)
-        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-            offsets = column.offsets.to_numpy()
-            lengths.append(np.diff(offsets).astype(np.int64))
-            ids.append(column.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
-                       .astype(np.int64, copy=False))
-        else:
-            ids.append(column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
-            lengths.append(np.ones(len(column), np.int64))
-    return np.concatenate(ids), np.concatenate(lengths)
-
-
-def score_split(serving: Any, dataset: Path, split: str, batch_size: int,
-                writer: ScoresWriter) -> int:
-    """Score a preprocessed split in file order, ``batch_size`` rows at a time; the rows."""
-    manifest = DatasetManifest.load(dataset)
-    order = list(serving.contract["order"])
-    dense_names = [d["name"] for d in serving.contract["dense"]]
-    rows = 0
-    for path in _split_files(dataset, manifest, split):
-        handle = pq.ParquetFile(path)
-        for batch in handle.iter_batches(batch_size=batch_size,
-                                         columns=[manifest.label, *dense_names, *order]):
-            dense = np.empty((batch.num_rows, len(dense_names)), np.float32)  # (B, F_dense)
-            for j, name in enumerate(dense_names):
-                dense[:, j] = batch.column(name).to_numpy(zero_copy_only=False)
-            ids, lengths = _sparse_inputs(batch, order)
-            scores = serving.score(torch.from_numpy(dense), torch.from_numpy(ids),
-                                   torch.from_numpy(lengths))
-            labels = batch.column(manifest.label).to_numpy(zero_copy_only=False)
-            writer.write(labels, scores.numpy())
-            rows += batch.num_rows
-    return rows
 
 
 def score_raw(serving: Any, schema: Schema, raw: Path, batch_size: int,

@@ -33,7 +33,7 @@ from ctrctl.data.batch import Batch
 from ctrctl.data.dataset import BatchLoader
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.errors import CheckpointError, DatasetError, OutputExistsError
-from ctrctl.inference.batch_scoring import ScoresWriter, score_raw, score_split
+from ctrctl.inference.batch_scoring import ScoresWriter, score_raw
 from ctrctl.training import model as model_io
 
 __all__ = ["PredictResult", "batch_inputs", "check_transforms", "load_model",
@@ -202,9 +202,10 @@ def predict_dataset(model_dir: str | Path, dataset: str | Path, split: str,
 
     ``compile`` compiles the program with TorchInductor first (``serving.load``'s
     ``compile``: several seconds, then faster batches; the program as exported, with a
-    warning, where it cannot compile). The split streams through in ``batch_size`` rows
-    (:func:`ctrctl.inference.batch_scoring.score_split`); ``num_workers`` is accepted for
-    callers of the loader-based path and not used.
+    warning, where it cannot compile). The split streams through the loader (row groups
+    read by ``num_workers`` background workers) in ``batch_size`` rows, and the scores are
+    appended to a Parquet file staged beside ``out`` (:class:`~ctrctl.inference.
+    batch_scoring.ScoresWriter`): memory is a few batches, whatever the split's size.
 
     Raises:
         DatasetError: the dataset's transforms are not the model's (names the transform).
@@ -221,9 +222,15 @@ def predict_dataset(model_dir: str | Path, dataset: str | Path, split: str,
     manifest = DatasetManifest.load(dataset)
     if recorded.is_file():
         check_transforms(json.loads(recorded.read_text()), manifest, str(dataset))
+    order = serving.contract["order"]
     started = time.perf_counter()
+    rows = 0
+    loader = BatchLoader.for_scoring(dataset, split, batch_size, num_workers=num_workers)
     with ScoresWriter(out, overwrite=overwrite) as writer:
-        rows = score_split(serving, Path(dataset), split, batch_size, writer)
+        for batch in loader.epoch(0):
+            writer.write(batch.labels.numpy(),
+                         serving.score(*batch_inputs(batch, order)).numpy())
+            rows += batch.batch_size
     return PredictResult(out, rows, time.perf_counter() - started, True)
 
 
