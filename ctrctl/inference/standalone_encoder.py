@@ -25,6 +25,7 @@ Example:
 """
 
 import datetime
+import itertools
 import re
 
 import numpy as np
@@ -41,6 +42,9 @@ for _value, _char in enumerate(b"ABCDEF"):
 _DIGITS[0] = 254
 _DIRECTIVES = {"%Y": 4, "%y": 2, "%m": 2, "%d": 2, "%H": 2, "%M": 2, "%S": 2}
 _DERIVED_SIZES = {"hour_of_day": 24, "weekday": 8, "day": 32}
+#: Raw text -> id entries remembered per feature (then forgotten and refilled): categorical
+#: values repeat, and a dict lookup costs a fraction of parsing and hashing again.
+CACHE_LIMIT = 200_000
 
 
 class EncodeError(ValueError):
@@ -89,6 +93,10 @@ class Encoder:
         self._string_hasher = string_hasher
         self._vocab = {name: _Vocabulary(mapping, _feature(contract, name).get("type"))
                        for name, mapping in vocabularies.items()}
+        self._simple = [(f["name"], f.get("type") or "id") for f in contract["sparse"]
+                        if not f.get("derive") and not f.get("separator")
+                        and (f.get("type") or "id") != "string"]
+        self._cache: dict = {name: {} for name, _ in self._simple}  # text (or None) -> id
 
     def check_columns(self, names):
         """Raise :class:`EncodeError` for the first column the contract does not know."""
@@ -130,14 +138,21 @@ class Encoder:
         dense = np.empty((n_rows, len(self.contract["dense"])), np.float32)
         for j, feature in enumerate(self.contract["dense"]):
             dense[:, j] = _dense(feature, values.get(feature["name"]), n_rows)
-        parsed = _grouped(raw, [(f["name"], f.get("type") or "id")
-                                for f in self.contract["sparse"]
-                                if not f.get("derive") and not f.get("separator")
-                                and (f.get("type") or "id") != "string"], _integer_keys)
+        # Values seen before take their id from the feature's cache; the rest are parsed.
+        hits, unseen = {}, dict(raw)
+        for name, _ in self._simple:
+            column, cache = raw.get(name), self._cache[name]
+            if column is not None and column.dtype == object and cache:
+                found = np.fromiter(map(cache.get, column, itertools.repeat(-1)), np.int64,
+                                    count=n_rows)
+                miss = np.flatnonzero(found < 0)
+                hits[name], unseen[name] = (found, miss), column[miss]
+        parsed = _grouped(unseen, self._simple, _integer_keys,
+                          {name: miss for name, (_, miss) in hits.items()})
         ids, lengths = [], []
         stamps: dict = {}  # timestamp column -> its parts, parsed once for all its features
         for feature in self.contract["sparse"]:
-            keys, counts = self._sparse(feature, raw, n_rows, stamps, parsed)
+            keys, counts = self._sparse(feature, unseen, n_rows, stamps, parsed, hits)
             ids.append(keys)
             lengths.append(counts)
         if not ids:
@@ -145,7 +160,7 @@ class Encoder:
         return dense, np.concatenate(ids), np.concatenate(lengths)
 
     # ---- sparse features ----------------------------------------------------------------
-    def _sparse(self, feature, raw, n_rows, stamps, parsed):
+    def _sparse(self, feature, raw, n_rows, stamps, parsed, hits):
         name, mode, size = feature["name"], feature["mode"], int(feature["num_embeddings"])
         derive = feature.get("derive")
         if derive is not None:
@@ -159,6 +174,8 @@ class Encoder:
         separator = feature.get("separator")
         if separator:
             texts, rows, counts = _split_lists(name, column, n_rows, separator)
+        elif name in hits:  # ``column`` holds the values the cache lacks, at rows ``rows``
+            texts, rows, counts = column, hits[name][1], np.ones(n_rows, np.int64)
         else:
             texts, rows, counts = column, None, np.ones(n_rows, np.int64)
         kind = feature.get("type") or "id"
@@ -184,7 +201,25 @@ class Encoder:
                 at = int(np.flatnonzero(bad)[0])
                 raise EncodeError(name, at if rows is None else int(rows[at]),
                                   f"an id in [0, {size})", got=int(ids[at]))
+        if name in self._cache:
+            self._remember(name, texts, ids)
+            if name in hits:
+                found, miss = hits[name]
+                found[miss] = ids
+                ids = found
         return ids, counts
+
+    def _remember(self, name, texts, ids):
+        """Cache text -> id of a column's values (only text and None: other types, which
+        compare equal to text of no kind, are encoded afresh)."""
+        if texts is None or texts.dtype != object or not len(texts):
+            return
+        if not set(map(type, texts)) <= {str, _NONE}:
+            return
+        cache = self._cache[name]
+        if len(cache) + len(texts) > CACHE_LIMIT:
+            cache.clear()
+        cache.update(zip(texts.tolist(), ids.tolist(), strict=True))
 
     def _strings(self, feature, texts, n, rows, mode):
         """Ids of a string feature: hashed (missing -> 0) or looked up (missing -> null)."""
@@ -283,9 +318,11 @@ def _bad_scalar(name, column, rows, expected, ok_types):
                               f"{expected}, not {kind}", got=value)
 
 
-def _grouped(raw, features, parse):
-    """{name: parse(name, column, n, kind, None)} of the object columns of ``features``
-    (name, kind), the columns of one kind parsed as one array."""
+def _grouped(raw, features, parse, positions=None):
+    """{name: parse(name, column, n, kind, rows)} of the columns of ``features`` (name,
+    kind), the object columns of one kind parsed as one array. ``positions``: name -> the
+    rows a column's values come from, where it holds only some rows (for messages)."""
+    positions = positions or {}
     out = {}
     by_kind: dict = {}  # kind -> names of its object columns
     for name, kind in features:
@@ -293,21 +330,22 @@ def _grouped(raw, features, parse):
         if column is not None and column.dtype == object:
             by_kind.setdefault(kind, []).append(name)
         elif column is not None:
-            out[name] = parse(name, column, len(column), kind, None)
+            out[name] = parse(name, column, len(column), kind, positions.get(name))
     for kind, names in by_kind.items():
         if len(names) > 1:
-            n = len(raw[names[0]])
+            sizes = [len(raw[k]) for k in names]
             try:
-                whole = parse(names[0], np.concatenate([raw[k] for k in names]), n * len(names),
+                whole = parse(names[0], np.concatenate([raw[k] for k in names]), sum(sizes),
                               kind, None)
             except EncodeError:
                 pass  # column by column below, to name the column and row at fault
             else:
-                for i, name in enumerate(names):
-                    out[name] = tuple(part[i * n:(i + 1) * n] for part in whole)
+                ends = np.cumsum(sizes)
+                for name, end, size in zip(names, ends, sizes, strict=True):
+                    out[name] = tuple(part[end - size:end] for part in whole)
                 continue
         for name in names:
-            out[name] = parse(name, raw[name], len(raw[name]), kind, None)
+            out[name] = parse(name, raw[name], len(raw[name]), kind, positions.get(name))
     return out
 
 

@@ -217,3 +217,15 @@ def test_two_digit_years_pivot_as_polars_reads_them(mixed: ServingModel) -> None
     by_feature = {name: ids[end - 2:end].tolist() for name, end in zip(order, ends,
                                                                         strict=True)}
     assert by_feature["weekday"] == [2, 4] and by_feature["hour_of_day"] == [0, 23]
+
+
+def test_cached_values_encode_as_parsed_ones_and_errors_keep_their_row(
+        mixed: ServingModel) -> None:
+    columns = {"h_hex": ["ab", None, "AB"], "v_int": ["12", "", "12"], "h_int": ["-3", "", "5"]}
+    first = [t.numpy() for t in mixed.encode_columns(columns, 3)]  # parsed, then remembered
+    again = [t.numpy() for t in mixed.encode_columns(columns, 3)]  # from the cache
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(InputError) as caught:
+        mixed.encode_columns({"h_hex": ["ab", "ab", "zz-top"]}, 3)
+    assert (caught.value.feature, caught.value.row) == ("h_hex", 2)
