@@ -143,8 +143,11 @@ class Encoder:
         for name, _ in self._simple:
             column, cache = raw.get(name), self._cache[name]
             if column is not None and column.dtype == object and cache:
-                found = np.fromiter(map(cache.get, column, itertools.repeat(-1)), np.int64,
-                                    count=n_rows)
+                try:
+                    found = np.fromiter(map(cache.get, column, itertools.repeat(-1)),
+                                        np.int64, count=n_rows)
+                except TypeError:  # an unhashable value (a list): parsed, and refused
+                    continue
                 miss = np.flatnonzero(found < 0)
                 hits[name], unseen[name] = (found, miss), column[miss]
         parsed = _grouped(unseen, self._simple, _integer_keys,

@@ -229,3 +229,6 @@ def test_cached_values_encode_as_parsed_ones_and_errors_keep_their_row(
     with pytest.raises(InputError) as caught:
         mixed.encode_columns({"h_hex": ["ab", "ab", "zz-top"]}, 3)
     assert (caught.value.feature, caught.value.row) == ("h_hex", 2)
+    with pytest.raises(InputError, match="not a list") as caught:  # unhashable: no lookup
+        mixed.encode_columns({"h_hex": ["ab", ["ab"], "ab"]}, 3)
+    assert (caught.value.feature, caught.value.row) == ("h_hex", 1)
