@@ -44,6 +44,7 @@ DENSE_FILE = "dense.safetensors"
 PLAN_FILE = "serving_plan.json"
 LOADER_FILE = "serving.py"
 ENCODER_FILE = "serving_encoder.py"
+TIMESTAMPS_FILE = "serving_timestamps.py"
 
 
 def shard_file(shard: int) -> str:
@@ -271,9 +272,10 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
         files[PLAN_FILE] = {}
         shutil.copyfile(standalone.__file__, stage / LOADER_FILE)
         files[LOADER_FILE] = {}
-        shutil.copyfile(Path(standalone.__file__).with_name("standalone_encoder.py"),
-                        stage / ENCODER_FILE)
-        files[ENCODER_FILE] = {}
+        for module, target in (("standalone_encoder.py", ENCODER_FILE),
+                               ("standalone_timestamps.py", TIMESTAMPS_FILE)):
+            shutil.copyfile(Path(standalone.__file__).with_name(module), stage / target)
+            files[target] = {}
         manifest = quantized.manifest
         vocabularies = (_vocabulary_files(manifest, Path(dataset) if dataset else None, stage)
                         if manifest is not None else {})

@@ -23,6 +23,7 @@ Folder::
     serving_plan.json        which shard holds which table
     serving.py               this loader
     serving_encoder.py       raw columns -> model inputs (loaded by the loader)
+    serving_timestamps.py    timestamp columns -> derived features (loaded by the encoder)
 
 Example:
     >>> import serving

@@ -24,8 +24,9 @@ Example:
     >>> dense, ids, lengths = encoder.encode({"hour": ["14102100"], "C1": ["1005"]}, 1)
 """
 
-import datetime
+import importlib.util
 import itertools
+import os
 import re
 
 import numpy as np
@@ -40,7 +41,6 @@ for _value, _char in enumerate(b"0123456789abcdef"):
 for _value, _char in enumerate(b"ABCDEF"):
     _DIGITS[_char] = 10 + _value
 _DIGITS[0] = 254
-_DIRECTIVES = {"%Y": 4, "%y": 2, "%m": 2, "%d": 2, "%H": 2, "%M": 2, "%S": 2}
 _DERIVED_SIZES = {"hour_of_day": 24, "weekday": 8, "day": 32}
 #: Raw text -> id entries remembered per feature (then forgotten and refilled): categorical
 #: values repeat, and a dict lookup costs a fraction of parsing and hashing again.
@@ -528,8 +528,23 @@ def _parse_integers(data, base):
 
 
 # ---- timestamps ----------------------------------------------------------------------------
+#: The timestamp parser beside this file: ``serving_timestamps.py`` in an artifact, the
+#: package's ``standalone_timestamps.py`` otherwise (loaded by path, as this file is).
+TIMESTAMP_FILES = ("serving_timestamps.py", "standalone_timestamps.py")
+_stamps = None
+
+
 def _timestamps(name, column, n_rows, fmt):
     """Derived parts of a timestamp column: hour_of_day, ISO weekday (1-7), day, missing."""
+    global _stamps
+    if _stamps is None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        path = next(os.path.join(here, f) for f in TIMESTAMP_FILES
+                    if os.path.isfile(os.path.join(here, f)))
+        spec = importlib.util.spec_from_file_location("_ctrctl_serving_timestamps", path)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        _stamps = module
     if column is None:
         zeros = np.zeros(n_rows, np.int64)
         return {"hour_of_day": zeros, "weekday": zeros, "day": zeros,
@@ -537,103 +552,7 @@ def _timestamps(name, column, n_rows, fmt):
     texts, missing = _texts(name, column, n_rows, f"a timestamp {fmt!r}", None)
     filled = texts.copy()
     filled[missing] = ""
-    fields = _packed_fields(fmt)
-    if fields is None:
-        parts = _strptime_each(name, filled, missing, fmt)
-    else:
-        parts = _parse_packed(name, filled, missing, fmt, fields)
-    year, month, day, hour = parts
-    ordinal = _days_from_civil(year, month, day)
-    weekday = (ordinal + 3) % 7 + 1  # 1970-01-01 (day 0) was a Thursday (4)
-    return {"hour_of_day": hour, "weekday": weekday, "day": day, "missing": missing}
-
-
-def _packed_fields(fmt):
-    """[(directive or literal, offset, width)] of a fixed-width format, None otherwise."""
-    fields, at, i = [], 0, 0
-    while i < len(fmt):
-        if fmt[i] == "%":
-            directive = fmt[i:i + 2]
-            if directive not in _DIRECTIVES:
-                return None
-            fields.append((directive, at, _DIRECTIVES[directive]))
-            at, i = at + _DIRECTIVES[directive], i + 2
-        else:
-            fields.append((fmt[i], at, 1))
-            at, i = at + 1, i + 1
-    return fields
-
-
-def _parse_packed(name, texts, missing, fmt, fields):
-    width = sum(w for _, _, w in fields)
-    expected = f"a timestamp {fmt!r} ({width} characters)"
     try:
-        data = texts.astype(f"S{width}") if len(texts) else np.zeros(0, f"S{width}")
-        wrong = np.fromiter(map(len, texts), np.int64, count=len(texts)) != width
-    except UnicodeEncodeError:
-        data, wrong = None, np.ones(len(texts), bool)
-    wrong &= ~missing
-    if wrong.any():
-        at = int(np.flatnonzero(wrong)[0])
-        raise EncodeError(name, at, expected, got=texts[at])
-    if data is None:  # unreachable: a text that is not ASCII made every row wrong above
-        raise EncodeError(name, None, expected)
-    matrix = data.view(np.uint8).reshape(len(texts), width).astype(np.int64)
-    value: dict = {"%Y": None, "%y": None, "%m": 1, "%d": 1, "%H": 0, "%M": 0, "%S": 0}
-    bad = np.zeros(len(texts), bool)
-    for part, offset, size in fields:
-        block = matrix[:, offset:offset + size]
-        if part in _DIRECTIVES:
-            digits = block - ord("0")
-            bad |= ((digits < 0) | (digits > 9)).any(1)
-            value[part] = (digits * 10 ** np.arange(size - 1, -1, -1)).sum(1)
-        else:
-            bad |= block[:, 0] != ord(part)
-    year: np.ndarray
-    if value["%Y"] is not None:
-        year = value["%Y"]
-    elif value["%y"] is not None:  # as chrono (polars) reads it: 00-69 -> 20xx, 70-99 -> 19xx
-        year = np.where(value["%y"] < 70, 2000, 1900) + value["%y"]
-    else:
-        year = np.full(len(texts), 1970)
-    month, day, hour = (np.broadcast_to(np.asarray(value[k]), (len(texts),))
-                        for k in ("%m", "%d", "%H"))
-    minute, second = (np.broadcast_to(np.asarray(value[k]), (len(texts),))
-                      for k in ("%M", "%S"))
-    bad |= (month < 1) | (month > 12) | (hour > 23) | (minute > 59) | (second > 60)
-    bad |= (day < 1) | (day > _days_in_month(year, np.clip(month, 1, 12)))
-    bad &= ~missing
-    if bad.any():
-        at = int(np.flatnonzero(bad)[0])
-        raise EncodeError(name, at, expected, got=texts[at])
-    return (np.where(missing, 1970, year), np.where(missing, 1, month),
-            np.where(missing, 1, day), np.where(missing, 0, hour))
-
-
-def _strptime_each(name, texts, missing, fmt):
-    """A format with other directives: Python's strptime, value by value."""
-    parts = np.zeros((4, len(texts)), np.int64)
-    parts[:, :] = np.array([1970, 1, 1, 0])[:, None]
-    for i in np.flatnonzero(~missing):
-        try:
-            stamp = datetime.datetime.strptime(texts[i], fmt)
-        except ValueError:
-            raise EncodeError(name, int(i), f"a timestamp {fmt!r}", got=texts[i]) from None
-        parts[:, i] = (stamp.year, stamp.month, stamp.day, stamp.hour)
-    return parts[0], parts[1], parts[2], parts[3]
-
-
-def _days_in_month(year, month):
-    leap = ((year % 4 == 0) & (year % 100 != 0)) | (year % 400 == 0)
-    days = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])[month]
-    return days + (leap & (month == 2))
-
-
-def _days_from_civil(year, month, day):
-    """Days since 1970-01-01 of proleptic Gregorian dates (H. Hinnant's algorithm)."""
-    y = year - (month <= 2)
-    era = np.floor_divide(y, 400)
-    yoe = y - era * 400
-    doy = (153 * (month + np.where(month > 2, -3, 9)) + 2) // 5 + day - 1
-    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-    return era * 146097 + doe - 719468
+        return _stamps.parts(filled, missing, fmt)
+    except _stamps.StampError as exc:
+        raise EncodeError(name, exc.row, exc.expected, got=exc.got) from None

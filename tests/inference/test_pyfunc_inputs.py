@@ -130,7 +130,7 @@ def test_the_signature_lists_raw_columns(avazu: Logged) -> None:
     assert names == COLUMNS[2:]  # hour, not hour_of_day / weekday; id and click not read
     manifest = json.loads((avazu.export / "manifest.json").read_text())
     assert manifest["input"]["columns"] == COLUMNS[2:]
-    assert "serving_encoder.py" in manifest["files"]
+    assert {"serving_encoder.py", "serving_timestamps.py"} <= set(manifest["files"])
 
 
 @pytest.mark.slow
