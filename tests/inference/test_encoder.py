@@ -128,7 +128,7 @@ def _expected(model: ServingModel, split: dict[str, Any]) -> tuple[np.ndarray, .
     return dense, np.asarray(ids, np.int64), np.asarray(lengths, np.int64)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.data_too_large])
 @given(rows=st.lists(ROW, min_size=1, max_size=25))
 def test_random_raw_values_encode_to_the_preprocessed_ids(
