@@ -34,8 +34,14 @@ from ctrctl.errors import DatasetError, OutputExistsError
 __all__ = ["ScoresWriter", "score_raw"]
 
 
+#: Rows gathered before a row group is written (5 bytes a row: label int8 + score float32).
+ROW_GROUP_ROWS = 1 << 20
+
+
 class ScoresWriter:
-    """Label + score rows appended to ``out`` (staged beside it, renamed when closed)."""
+    """Label + score rows appended to ``out`` (staged beside it, renamed when closed), in
+    row groups of up to :data:`ROW_GROUP_ROWS` rows (a Parquet write per scoring batch
+    would cost more than the batch's scoring)."""
 
     def __init__(self, out: Path, *, overwrite: bool, labels: bool = True) -> None:
         self.out, self.overwrite, self.labels = out, overwrite, labels
@@ -46,21 +52,37 @@ class ScoresWriter:
         fields = [pa.field("label", pa.int8())] if labels else []
         self._schema = pa.schema([*fields, pa.field("score", pa.float32())])
         self._writer = pq.ParquetWriter(tmp, self._schema)
+        self._labels: list[np.ndarray] = []
+        self._scores: list[np.ndarray] = []
+        self._rows = 0
 
     def write(self, labels: np.ndarray | None, scores: np.ndarray) -> None:
-        columns: list[Any] = [pa.array(scores.astype(np.float32, copy=False))]
+        self._scores.append(scores.astype(np.float32, copy=False))
         if self.labels:
             assert labels is not None
-            columns.insert(0, pa.array(labels.astype(np.int8, copy=False)))
+            self._labels.append(labels.astype(np.int8, copy=False))
+        self._rows += len(scores)
+        if self._rows >= ROW_GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        columns: list[Any] = [pa.array(np.concatenate(self._scores))]
+        if self.labels:
+            columns.insert(0, pa.array(np.concatenate(self._labels)))
         self._writer.write_table(pa.Table.from_arrays(columns, schema=self._schema))
+        self._labels, self._scores, self._rows = [], [], 0
 
     def __enter__(self) -> ScoresWriter:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
-        self._writer.close()
         try:
+            if kind is None:
+                self._flush()
+            self._writer.close()
             if kind is None:
                 if self.out.exists() and not self.overwrite:
                     raise OutputExistsError("the scores file already exists",
