@@ -52,6 +52,9 @@ PROGRAM = "program.pt2"
 DENSE_FILE = "dense.safetensors"
 PLAN_FILE = "serving_plan.json"
 LOADER_FILE = "serving.py"
+ENCODER_FILE = "serving_encoder.py"
+TIMESTAMPS_FILE = "serving_timestamps.py"
+PROGRAM_CHECKS_FILE = "serving_program.py"
 
 
 def shard_file(shard: int) -> str:
@@ -102,11 +105,17 @@ def _stripped_copy(program: torch.export.ExportedProgram) -> dict[str, torch.Ten
 
 def input_contract(manifest: DatasetManifest, order: list[str],
                    vocabularies: dict[str, str] | None = None) -> dict[str, Any]:
-    """How raw rows become model inputs: features, order, hash sizes or vocabularies, and
-    dense transforms (from the dataset's schema; a dataset without one takes ids as given).
+    """How raw rows become model inputs: the raw columns read, features, order, hash sizes
+    or vocabularies, dense transforms and derived features (from the dataset's schema; a
+    dataset without one takes ids as given).
+
+    ``columns`` lists the raw columns a request may carry, in the schema's order (a
+    timestamp column such as Avazu's ``hour`` in place of the features derived from it);
+    ``ignored`` the schema's other columns (label, ``role: ignore``), accepted and unread.
     """
-    columns = {c.get("name"): c for c in manifest.schema.get("columns", [])
-               if isinstance(c, dict)}
+    schema_columns = [c for c in manifest.schema.get("columns", []) if isinstance(c, dict)]
+    columns = {c.get("name"): c for c in schema_columns}
+    derived = _derived_features(manifest.schema)
     dense = []
     for d in manifest.dense:
         column = columns.get(d.name, {})
@@ -118,17 +127,28 @@ def input_contract(manifest: DatasetManifest, order: list[str],
     for name in order:
         f = by_name[name]
         column = columns.get(name, {})
-        mode = f.mode if column else "id"
+        mode = f.mode if column or name in derived else "id"
         entry: dict[str, Any] = {"name": name, "type": column.get("type", "id"), "mode": mode,
                                  "num_embeddings": f.num_embeddings,
                                  "hash_size": f.hash_size,
                                  "separator": column.get("multi_hot_separator")}
+        if name in derived:
+            entry["type"], entry["derive"] = "int", derived[name]
         if mode == "vocab":
             entry["vocabulary"] = (vocabularies or {}).get(name)
         if mode == "hash" and entry["type"] == "string":
             entry["probes"] = _string_probes(name, f.num_embeddings, manifest)
         sparse.append(entry)
+    features = {d.name for d in manifest.dense} | set(order)
+    sources = {d["column"] for d in derived.values()}
+    if schema_columns:
+        raw = [c["name"] for c in schema_columns
+               if c.get("name") in features or c.get("name") in sources]
+        ignored = [c["name"] for c in schema_columns if c["name"] not in raw]
+    else:
+        raw, ignored = [d.name for d in manifest.dense] + list(order), [manifest.label]
     contract: dict[str, Any] = {
+        "columns": raw, "ignored": ignored,
         "dense": dense, "sparse": sparse, "order": list(order), "label": manifest.label,
         "layout": "dense (B, F_dense) float32; ids (N,) int64 feature after feature in "
                   "`order`; lengths (F * B,) int64 key-major; output (B,) probability"}
@@ -138,6 +158,18 @@ def input_contract(manifest: DatasetManifest, order: list[str],
             "version": manifest.transforms.get("polars_version"),
             "seed": int(manifest.transforms.get("string_hash_seed", STRING_HASH_SEED))}
     return contract
+
+
+def _derived_features(schema: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Derived feature -> {column, format, kind}, named as the preprocess step names them."""
+    if not schema.get("columns"):
+        return {}
+    from ctrctl.data.schema import Schema
+
+    parsed = Schema.from_dict(schema)
+    return {name: {"column": column.name, "format": column.derive.format, "kind": kind}
+            for column, name, kind in parsed.derived_features()
+            if column.derive is not None}
 
 
 #: Strings whose ids the artifact records for each string-hashed feature, so the standalone
@@ -236,6 +268,11 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
         files[PLAN_FILE] = {}
         shutil.copyfile(standalone.__file__, stage / LOADER_FILE)
         files[LOADER_FILE] = {}
+        for module, target in (("standalone_encoder.py", ENCODER_FILE),
+                               ("standalone_timestamps.py", TIMESTAMPS_FILE),
+                               ("standalone_program.py", PROGRAM_CHECKS_FILE)):
+            shutil.copyfile(Path(standalone.__file__).with_name(module), stage / target)
+            files[target] = {}
         manifest = quantized.manifest
         vocabularies = (_vocabulary_files(manifest, Path(dataset) if dataset else None, stage)
                         if manifest is not None else {})

@@ -13,7 +13,6 @@ Example:
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -21,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ctrctl.data.batch import Batch
 from ctrctl.data.dataset import BatchLoader
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.errors import DatasetError, OutputExistsError
+from ctrctl.inference.batch_scoring import ScoresWriter, score_raw
 from ctrctl.io import refuse_output_over_inputs, remove_stale_temps, temp_path, writing
 
 __all__ = ["PredictResult", "batch_inputs", "check_transforms", "predict_dataset",
@@ -125,29 +124,6 @@ def check_transforms(model_manifest: dict[str, Any], dataset: DatasetManifest,
                            hint="preprocess with --reuse-transforms of the model's dataset")
 
 
-def _write_scores(out: Path, labels: list[np.ndarray], scores: list[np.ndarray],
-                  overwrite: bool) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    columns = {"score": pa.array(np.concatenate(scores) if scores else
-                                 np.zeros(0, np.float32))}
-    if labels:
-        columns = {"label": pa.array(np.concatenate(labels).astype(np.int8)), **columns}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out.parent)
-    tmp = temp_path(out)
-    try:
-        pq.write_table(pa.table(columns), str(tmp))
-        if out.exists() and not overwrite:
-            raise OutputExistsError("the scores file already exists", where=str(out),
-                                    hint="pass --overwrite to replace it")
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def predict_dataset(model_dir: str | Path, dataset: str | Path, split: str,
                     out: str | Path, *, batch_size: int = 8192, overwrite: bool = False,
                     num_workers: int = 1, compile: bool = False,
@@ -157,7 +133,11 @@ def predict_dataset(model_dir: str | Path, dataset: str | Path, split: str,
     ``compile`` compiles the program with TorchInductor first (``serving.load``'s
     ``compile``: several seconds, then faster batches; the program as exported, with a
     warning, where it cannot compile). ``verify_key`` (a key file's path, or the key)
-    requires the artifact's signature (``ctrctl quantize --sign``).
+    requires the artifact's signature (``ctrctl quantize --sign``). The split streams
+    through the loader (row groups read by ``num_workers`` background workers) in
+    ``batch_size`` rows, and the scores are appended to a Parquet file staged beside
+    ``out`` (:class:`~ctrctl.inference.batch_scoring.ScoresWriter`): memory is a few
+    batches, whatever the split's size.
 
     Raises:
         DatasetError: the dataset's transforms are not the model's (names the transform).
@@ -166,7 +146,7 @@ def predict_dataset(model_dir: str | Path, dataset: str | Path, split: str,
     from ctrctl.inference.export import load_artifact
 
     out = Path(out)
-    refuse_output_over_inputs(out, [model_dir, dataset])
+    refuse_output_over_inputs(out, [Path(model_dir), Path(dataset)])
     if out.exists() and not overwrite:
         raise OutputExistsError("the scores file already exists", where=str(out),
                                 hint="pass --overwrite to replace it")
@@ -178,34 +158,46 @@ def predict_dataset(model_dir: str | Path, dataset: str | Path, split: str,
         check_transforms(json.loads(recorded.read_text()), manifest, str(dataset))
     order = serving.contract["order"]
     started = time.perf_counter()
-    labels, scores, rows = [], [], 0
+    rows = 0
     loader = BatchLoader.for_scoring(dataset, split, batch_size, num_workers=num_workers)
-    for batch in loader.epoch(0):
-        scores.append(serving.score(*batch_inputs(batch, order)).numpy())
-        labels.append(batch.labels.numpy())
-        rows += batch.batch_size
-    with writing(out):
-        _write_scores(out, labels, scores, overwrite)
+    with writing(out), ScoresWriter(out, overwrite=overwrite) as writer:
+        for batch in loader.epoch(0):
+            writer.write(batch.labels.numpy(),
+                         serving.score(*batch_inputs(batch, order)).numpy())
+            rows += batch.batch_size
     return PredictResult(out, rows, time.perf_counter() - started, True)
 
 
 def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
                 batch_size: int = 8192, overwrite: bool = False,
                 on_bad_rows: str = "error", compile: bool = False,
-                verify_key: str | Path | bytes | None = None) -> PredictResult:
-    """Score raw logs: preprocess them with the model's schema, vocabularies and hash sizes
-    (``ctrctl.data``'s transforms, as ``--reuse-transforms`` applies them), then score.
+                verify_key: str | Path | bytes | None = None,
+                via: str = "preprocess") -> PredictResult:
+    """Score raw logs with the model's schema, vocabularies and hash sizes.
+
+    Both ways stream, in bounded memory, and give the same ids:
+
+    - ``via="preprocess"`` (the command's): the logs are preprocessed with the model's
+      transforms (``--reuse-transforms``: polars, and the native TSV reader where it
+      applies) into a temporary dataset beside ``out``, whose row groups are then scored
+      (:func:`predict_dataset`); ``on_bad_rows`` as preprocess takes it. The faster on a
+      file: the preprocess step parses on every core.
+    - ``via="encoder"``: the preprocess step's reader in ``batch_size`` chunks and the
+      artifact's column encoder, as a server encodes a request
+      (:func:`ctrctl.inference.batch_scoring.score_raw`); no temporary dataset; a bad row
+      stops it, naming file, line and column (``on_bad_rows`` must be ``error``).
+
+    ``verify_key`` requires the artifact's signature, checked before its transforms are
+    read.
     """
-    from ctrctl.data.preprocess import preprocess
+    from ctrctl.inference import standalone
+    from ctrctl.inference.export import load_artifact, signing_key
 
     out = Path(out)
-    refuse_output_over_inputs(out, [model_dir, raw])
+    refuse_output_over_inputs(out, [Path(model_dir), Path(raw)])
     if out.exists() and not overwrite:
         raise OutputExistsError("the scores file already exists", where=str(out),
                                 hint="pass --overwrite to replace it")
-    from ctrctl.inference import standalone
-    from ctrctl.inference.export import signing_key
-
     # The folder's transforms are read below, before the model loads: check it first.
     standalone.verify(str(model_dir), verify_key=signing_key(verify_key)
                       if verify_key is not None else None)
@@ -214,6 +206,20 @@ def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
         raise DatasetError("the artifact records no dataset transforms", where=str(model_dir),
                            hint="score a preprocessed split with --dataset instead")
     started = time.perf_counter()
+    if via == "encoder":
+        from ctrctl.data.schema import Schema
+
+        recorded = DatasetManifest.load(transforms)
+        if on_bad_rows != "error" or not recorded.schema.get("columns"):
+            raise DatasetError("the encoder path stops at a bad row and needs the model's "
+                               "schema", where=str(model_dir), hint="use via='preprocess'")
+        serving = load_artifact(model_dir, compile=compile, verify_key=verify_key)
+        with writing(out), ScoresWriter(out, overwrite=overwrite) as writer:
+            rows = score_raw(serving, Schema.from_dict(recorded.schema), Path(raw),
+                             batch_size, writer)
+        return PredictResult(out, rows, time.perf_counter() - started, True)
+    from ctrctl.data.preprocess import preprocess
+
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(out.parent)
     scratch = temp_path(out)  # io's temp name: a killed run's is removed by the next one

@@ -2,8 +2,11 @@
 
 The python model (:mod:`ctrctl.inference.pyfunc_model`, logged as code) loads the artifact
 with its standalone loader, so the MLflow model needs no ctrctl; the signature names every
-raw feature of the input contract (dense as double, categorical as string or long), and an
-input example of a few rows travels with it.
+raw column of the input contract (dense as double, categorical as the log's text, a
+timestamp column such as Avazu's ``hour`` in place of the features derived from it), and an
+input example of a few rows travels with it. Unknown columns, bad values, ragged rows,
+unnamed (tensor) inputs and requests over ``max_rows`` rows are refused (a 400 from
+``mlflow models serve``): see :mod:`ctrctl.inference.pyfunc_model`.
 
 Example:
     >>> info = log_pyfunc_model("export", run_id=run.run_id)
@@ -27,22 +30,45 @@ REQUIREMENTS = ["torch", "safetensors", "numpy", "pandas", "mlflow"]
 
 
 def _signature_and_example(manifest: dict[str, Any]) -> tuple[Any, Any]:
+    """The signature lists the raw columns a request carries (the contract's ``columns``:
+    Avazu's ``hour`` as ``YYMMDDHH``, not the features derived from it): dense as double,
+    raw categoricals as the log's text (string), ids as long (a dataset without a schema).
+    """
     import pandas as pd
     from mlflow.models import ModelSignature
     from mlflow.types.schema import ColSpec, Schema
 
+    from ctrctl.inference.standalone_encoder import raw_columns
+
     contract = manifest["input"]
-    columns: list[Any] = [ColSpec("double", d["name"], required=False) for d in contract["dense"]]
-    example: dict[str, list[Any]] = {d["name"]: [1.0, 0.0] for d in contract["dense"]}
-    for f in contract["sparse"]:
-        if f.get("type") in ("hex", "string"):
-            columns.append(ColSpec("string", f["name"], required=False))
-            example[f["name"]] = ["1a2b3c4d", None] if f.get("type") == "hex" else ["a", None]
+    dense = {d["name"] for d in contract["dense"]}
+    sparse = {f["name"]: f for f in contract["sparse"]}
+    sources = {f["derive"]["column"]: f["derive"] for f in contract["sparse"] if "derive" in f}
+    columns: list[Any] = []
+    example: dict[str, list[Any]] = {}
+    for name in raw_columns(contract):
+        if name in dense:
+            columns.append(ColSpec("double", name, required=False))
+            example[name] = [1.0, 0.0]
+        elif name in sources:
+            columns.append(ColSpec("string", name, required=False))
+            example[name] = [_example_stamp(sources[name]["format"]), None]
+        elif sparse[name].get("type", "id") == "id":
+            columns.append(ColSpec("long", name, required=False))
+            example[name] = [0, 1 % int(sparse[name]["num_embeddings"])]
         else:
-            columns.append(ColSpec("long", f["name"], required=False))
-            example[f["name"]] = [0, 1 % int(f["num_embeddings"])]
+            columns.append(ColSpec("string", name, required=False))
+            kind = sparse[name].get("type")
+            example[name] = ["1a2b3c4d" if kind == "hex" else "12" if kind == "int" else "a",
+                             None]
     outputs = Schema([ColSpec("double")])
     return ModelSignature(inputs=Schema(columns), outputs=outputs), pd.DataFrame(example)
+
+
+def _example_stamp(fmt: str) -> str:
+    import datetime
+
+    return datetime.datetime(2014, 10, 21, 9).strftime(fmt)
 
 
 def log_pyfunc_model(artifact: str | Path, *, run_id: str | None = None,

@@ -1,8 +1,10 @@
 """Load and run a ctrctl serving artifact with torch, fbgemm_gpu and safetensors alone.
 
 This file is copied into every artifact as ``serving.py`` and must not import ctrctl: it
-imports only torch, safetensors and the standard library (and fbgemm_gpu, which registers
-the embedding kernel's op, when the program uses it). Raw rows of string features
+imports only torch, numpy, safetensors and the standard library (and fbgemm_gpu, which
+registers the embedding kernel's op, when the program uses it). Raw columns become model
+inputs in ``serving_encoder.py`` beside it (``standalone_encoder.py`` in the package),
+loaded by file path, column by column. Raw rows of string features
 in hash mode need the preprocess step's string hash, which is polars' ``hash(seed)``: for
 them (and only them) polars is imported, and before its first use it must give the ids the
 artifact recorded for a set of probe strings (the ids the training data's polars gave), so a
@@ -20,6 +22,8 @@ Folder::
     tables/shard-00000.safetensors ...   one file of quantized tables per serving shard
     serving_plan.json        which shard holds which table
     serving.py               this loader
+    serving_encoder.py       raw columns -> model inputs (loaded by the loader)
+    serving_timestamps.py    timestamp columns -> derived features (loaded by the encoder)
 
 Nothing runs from the folder but this file: every file in it must be listed in the manifest,
 no listed path may leave it, only regular files are opened, and ``program.pt2`` is checked
@@ -34,7 +38,9 @@ write no ``__pycache__`` there: the folder holds listed files only):
     >>> spec = importlib.util.spec_from_file_location("serving", "export/serving.py")
     >>> serving = importlib.util.module_from_spec(spec); spec.loader.exec_module(serving)
     >>> model = serving.load("export")
-    >>> model.predict_records([{"I1": "3", "C1": "68fd1e64", ...}])     # [0.031, ...]
+    >>> model.predict_records([{"I1": "3", "C1": "68fd1e64", ...}])     # array([0.031, ...])
+    >>> model.input_columns()                                           # ['I1', ..., 'C26']
+    >>> model.score_columns({"I1": ["3", None], "C1": ["68fd1e64", ""]}, 2)
     >>> model.score(dense, ids, lengths)                                # (B,) tensor
     >>> fast = serving.load("export", compile=True)    # TorchInductor: needs a C++ compiler
 
@@ -50,11 +56,11 @@ import hashlib
 import hmac
 import json
 import os
-import re
 import stat
+import sys
 import warnings
-import zipfile
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 
@@ -66,6 +72,72 @@ SIGNATURE = "manifest.sig"  # HMAC-SHA256 of manifest.json's bytes under a share
 
 class ArtifactError(Exception):
     """A serving artifact that cannot be used: what is wrong, and in which file."""
+
+
+class InputError(ArtifactError, ValueError):
+    """Raw input the artifact's contract refuses: an unknown column, a value of the wrong
+    type or form, a column whose length is not the row count.
+
+    Attributes:
+        feature: the column at fault (None: the request as a whole).
+        row: the row index (None: the whole column).
+        expected: what the contract expects there.
+    """
+
+    def __init__(self, message, feature=None, row=None, expected=""):
+        super().__init__(message)
+        self.feature, self.row, self.expected = feature, row, expected
+
+
+#: The encoder beside this loader: ``serving_encoder.py`` in an artifact, the package's
+#: ``standalone_encoder.py`` otherwise. Loaded by file path, never from ``sys.path``.
+ENCODER_FILES = ("serving_encoder.py", "standalone_encoder.py")
+_encoder = None
+
+
+def encoder_module():
+    """The encoder module beside this file (loaded once)."""
+    global _encoder
+    if _encoder is None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        path = next((os.path.join(here, n) for n in ENCODER_FILES
+                     if os.path.isfile(os.path.join(here, n))), None)
+        if path is None:
+            raise ArtifactError(f"{here}: no {ENCODER_FILES[0]} beside the loader")
+        _encoder = run_source("_ctrctl_serving_encoder", path)
+    return _encoder
+
+
+#: The program's checks and compiler beside this loader: ``serving_program.py`` in an
+#: artifact, the package's ``standalone_program.py`` otherwise.
+PROGRAM_FILES = ("serving_program.py", "standalone_program.py")
+_program = None
+
+
+def program_module():
+    """The program module beside this file (loaded once, from its text)."""
+    global _program
+    if _program is None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        path = next((os.path.join(here, n) for n in PROGRAM_FILES
+                     if os.path.isfile(os.path.join(here, n))), None)
+        if path is None:
+            raise ArtifactError(f"{here}: no {PROGRAM_FILES[0]} beside the loader")
+        _program = run_source("_ctrctl_serving_program", path)
+    return _program
+
+
+def run_source(name, path):
+    """The module that ``path``'s source text makes, registered as ``name``: run from its
+    text, so that no ``__pycache__`` is read or written in an artifact's folder (which
+    holds the files its manifest lists, nothing else)."""
+    with open(path, encoding="utf-8") as handle:
+        source = handle.read()
+    module = type(sys)(name)
+    module.__file__ = path
+    sys.modules[name] = module
+    exec(compile(source, path, "exec"), module.__dict__)  # noqa: S102  (a listed, hashed file)
+    return module
 
 
 def sha256_file(path, chunk=1 << 20):
@@ -195,85 +267,6 @@ def check_listed(folder, files):
                                     "only the files it lists (remove it, or export again)")
 
 
-# ---- the program archive: refused before torch reads it where it could unpickle or run code -----
-_ARCHIVE_FILES = {"archive_format", "archive_version", "byteorder", ".data/version",
-                  ".data/serialization_id", "models/model.json", "data/sample_inputs/model.pt",
-                  "data/weights/model_weights_config.json",
-                  "data/constants/model_constants_config.json"}
-_PAYLOADS = {"weights": re.compile(r"weight_[0-9]+"), "constants": re.compile(r"tensor_[0-9]+")}
-_OPERATOR = re.compile(r"torch\.ops\.[a-z_][a-z0-9_]*\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+"
-                       r"|_operator\.[a-z_]+|math\.[a-z_]+")
-# Shape expressions (sympy, parsed by eval) and guards (compiled to Python): these tokens only.
-_SYMPY = re.compile(r"(?:Symbol|Integer|Rational|Mul|Add|Pow|Max|Min|Mod|FloorDiv|CeilToInt"
-                    r"|FloorToInt|positive|integer|nonnegative|True|False|'[a-z]+[0-9]+'"
-                    r"|[a-z]+[0-9]+|[0-9]+|[-+*/(),=\s])*")
-_GUARD = re.compile(r"(?:L\['[A-Za-z_][A-Za-z0-9_]*'\]|\.size\(\)|\.stride\(\)|\[[0-9]+\]"
-                    r"|[0-9]+|and|or|not|[-+*/%<>=!()\s])*")
-
-
-def check_program_archive(path):
-    """Refuse a ``torch.export`` archive that loading could unpickle or run code from.
-
-    ``torch.export.load`` unpickles any weight or constant whose config says
-    ``use_pickle``, custom objects, sample inputs and legacy archives, evaluates shape
-    expressions and compiles guards into Python. This loader's programs hold raw tensors,
-    no sample inputs, ATen/FBGEMM operators and plain shape guards: anything else is an
-    :class:`ArtifactError` before torch sees the file.
-    """
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-            roots = {name.split("/", 1)[0] for name in names}
-            if len(roots) != 1 or len(set(names)) != len(names):
-                raise ArtifactError(f"{path}: not a torch.export archive (one root folder, "
-                                    "no entry twice)")
-            root = roots.pop() + "/"
-            for name in names:
-                relative = name[len(root):]
-                folder, _, base = relative.rpartition("/")
-                payload = _PAYLOADS.get(folder.rpartition("/")[2]) if folder.startswith("data/") else None
-                if relative not in _ARCHIVE_FILES and not (payload and payload.fullmatch(base)):
-                    raise ArtifactError(f"{path}: unexpected entry {name!r}: this loader reads "
-                                        "programs of raw tensors only")
-            if archive.getinfo(root + "data/sample_inputs/model.pt").file_size:
-                raise ArtifactError(f"{path}: the program carries sample inputs (a pickle)")
-            for kind in _PAYLOADS:
-                config = json.loads(archive.read(f"{root}data/{kind}/model_{kind}_config.json"))
-                for fqn, entry in config["config"].items():
-                    if entry.get("use_pickle") is not False or not _PAYLOADS[kind].fullmatch(
-                            str(entry.get("path_name"))):
-                        raise ArtifactError(f"{path}: {kind} {fqn!r} is stored as a pickle, "
-                                            "which loading would run: refused")
-            _check_graph(path, json.loads(archive.read(root + "models/model.json")))
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, ValueError, TypeError,
-            AttributeError) as exc:
-        raise ArtifactError(f"{path}: not a torch.export program this loader reads "
-                            f"({type(exc).__name__}: {str(exc)[:200]})") from None
-
-
-def _check_graph(path, program):
-    """Operators, shape expressions and guards of a serialized program (see above)."""
-    pending = [program]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, list):
-            pending.extend(item)
-            continue
-        if not isinstance(item, dict):
-            continue
-        for key, value in item.items():
-            if key == "target" and isinstance(value, str) and not _OPERATOR.fullmatch(value):
-                raise ArtifactError(f"{path}: the program calls {value!r:.100}, not an "
-                                    "operator: refused")
-            if key == "expr_str" and not _SYMPY.fullmatch(str(value)):
-                raise ArtifactError(f"{path}: a shape expression {value!r:.100} is refused")
-            pending.append(value)
-    for text in list(program.get("range_constraints") or {}) + list(program.get("guards_code")
-                                                                     or []):
-        if not (_SYMPY.fullmatch(text) or _GUARD.fullmatch(text)):
-            raise ArtifactError(f"{path}: a shape guard {text!r:.100} is refused")
-
-
 # ---- signatures ---------------------------------------------------------------------------------
 def read_key(key):
     """A signing key: ``key`` itself (bytes), or the bytes of the key file at ``key``."""
@@ -339,10 +332,11 @@ class ServingModel:
         self.contract = manifest["input"]
         self.module = module
         self.compiled = compiled
-        self._vocab = vocabularies
         self._hashers = {}
         self._sizes = torch.tensor([f["num_embeddings"] for f in self.contract["sparse"]],
                                    dtype=torch.int64)
+        self._encoder = encoder_module().Encoder(self.contract, vocabularies,
+                                                 self._string_hasher)
 
     # ---- model inputs ---------------------------------------------------------------------
     def check_inputs(self, dense, ids, lengths):
@@ -383,39 +377,42 @@ class ServingModel:
         with torch.no_grad():
             return self.module(dense, ids, lengths)
 
-    # ---- raw rows ---------------------------------------------------------------------------
-    def encode(self, records):
-        """Raw rows (a list of dicts: feature -> raw value) -> (dense, ids, lengths)."""
-        rows = list(records)
-        dense_cols = []
-        for feature in self.contract["dense"]:
-            dense_cols.append(_dense_column(feature, [r.get(feature["name"]) for r in rows]))
-        if dense_cols:
-            dense = torch.stack(dense_cols, dim=1)
-        else:
-            dense = torch.zeros(len(rows), 0)
-        ids, lengths = [], []
-        for feature in self.contract["sparse"]:
-            name = feature["name"]
-            if feature["mode"] == "hash" and feature.get("type") == "string":
-                per_row = self._string_ids(feature, [_raw_keys(feature, row.get(name))
-                                                     for row in rows])
-            else:
-                per_row = [_sparse_ids(feature, _raw_keys(feature, row.get(name)),
-                                       self._vocab.get(name)) for row in rows]
-            for keys in per_row:
-                ids.extend(keys)
-                lengths.append(len(keys))
-        return dense, torch.tensor(ids, dtype=torch.int64), torch.tensor(lengths,
-                                                                          dtype=torch.int64)
+    # ---- raw columns and rows ---------------------------------------------------------------
+    def input_columns(self):
+        """The raw columns the model reads, in contract order (a timestamp column such as
+        Avazu's ``hour`` in place of the features derived from it)."""
+        return list(self._encoder.columns)
 
-    def _string_ids(self, feature, keys_per_row):
-        """Ids of a string-hashed feature: the preprocess step's hash (polars' ``hash`` with
-        the recorded seed, modulo the hash size; missing -> 0), all rows in one call."""
-        hash_ids = self._string_hasher(feature)
-        flat = [k for keys in keys_per_row for k in keys if k is not None]
-        hashed = iter(hash_ids([str(k) for k in flat]) if flat else [])
-        return [[0 if k is None else next(hashed) for k in keys] for keys in keys_per_row]
+    def encode_columns(self, columns, n_rows):
+        """Raw columns (name -> ``n_rows`` values; an absent column is missing) ->
+        (dense (B, F) float32, ids (N,) int64, lengths (F * B,) int64) tensors.
+
+        Raises:
+            InputError: an unknown column, a bad value (naming column, row and what was
+                expected), a column of another length.
+        """
+        try:
+            dense, ids, lengths = self._encoder.encode(columns, n_rows)
+        except encoder_module().EncodeError as exc:
+            raise InputError(str(exc), exc.feature, exc.row, exc.expected) from None
+        return torch.from_numpy(dense), torch.from_numpy(ids), torch.from_numpy(lengths)
+
+    def score_columns(self, columns, n_rows):
+        """Click probabilities (float32 numpy, row order) of raw columns."""
+        if n_rows == 0:
+            self.encode_columns(columns, 0)  # still refuses unknown columns
+            return np.zeros(0, np.float32)
+        return self.score(*self.encode_columns(columns, n_rows)).numpy()
+
+    def encode(self, records):
+        """Raw rows (a list of dicts: column -> raw value) -> (dense, ids, lengths)."""
+        rows = list(records)
+        return self.encode_columns(rows_to_columns(rows), len(rows))
+
+    def predict_records(self, records):
+        """Click probabilities (float32 numpy, row order) of raw rows (dicts)."""
+        rows = list(records)
+        return self.score_columns(rows_to_columns(rows), len(rows))
 
     def _string_hasher(self, feature):
         """The function strings -> ids of ``feature``, proven on the artifact's probes."""
@@ -450,81 +447,17 @@ class ServingModel:
         self._hashers[name] = hash_ids
         return hash_ids
 
-    def predict_records(self, records):
-        """Click probabilities (a list of floats) for raw rows."""
-        rows = list(records)
-        if not rows:
-            return []
-        return self.score(*self.encode(rows)).tolist()
 
-
-def _missing(value):
-    return value is None or value == "" or (isinstance(value, float) and value != value)
-
-
-def _dense_column(feature, values):
-    fill = float(feature.get("fill", 0.0))
-    parsed = []
-    for value in values:
-        if _missing(value):
-            parsed.append(fill)
-            continue
-        try:
-            parsed.append(float(value))
-        except (TypeError, ValueError):
-            raise ArtifactError(f"dense feature {feature['name']!r}: {value!r} is not a "
-                                "number") from None
-    column = torch.tensor(parsed, dtype=torch.float64)
-    transform = feature.get("transform", "none")
-    if transform == "log1p":
-        column = column.clamp(min=0.0).log1p()
-    elif transform == "clip":
-        low, high = feature["clip"]
-        column = column.clamp(low, high)
-    return column.to(torch.float32)
-
-
-def _key(feature, text):
-    kind = feature.get("type")
-    try:
-        if kind == "hex":
-            return int(str(text), 16)
-        if kind in ("int", "id"):
-            return int(float(text)) if isinstance(text, float) else int(str(text))
-    except ValueError:
-        raise ArtifactError(f"sparse feature {feature['name']!r}: {text!r} is not a "
-                            f"{kind} value") from None
-    return str(text)
-
-
-def _raw_keys(feature, value):
-    """A raw field -> its keys: ``[None]`` when missing (a list feature: ``[]``), the parts
-    of a list feature split on its separator (empty parts dropped), else ``[value]``."""
-    separator = feature.get("separator")
-    if _missing(value):
-        return [] if separator else [None]
-    if separator:
-        return [part for part in str(value).split(separator) if part != ""]
-    return [value]
-
-
-def _sparse_ids(feature, keys, vocabulary):
-    """Ids of one row's keys of an id, hash (hex or int) or vocabulary feature."""
-    mode, size = feature["mode"], feature["num_embeddings"]
-    out = []
-    for raw in keys:
-        if mode == "id":
-            key = 0 if raw is None else _key(feature, raw)
-            if not 0 <= key < size:
-                raise ArtifactError(f"id {key} of feature {feature['name']!r} is outside "
-                                    f"[0, {size})")
-            out.append(key)
-        elif mode == "hash":
-            out.append(0 if raw is None else _key(feature, raw) % size)  # floor modulo
-        else:
-            name = "null" if raw is None else str(_key(feature, raw))
-            out.append(int(vocabulary.get(name, 0)))
-    return out
+def rows_to_columns(rows):
+    """Rows (dicts) -> columns (name -> list), every name any row has; a row without a
+    column is missing there."""
+    names = {}
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise InputError(f"row {i}: expected an object of column -> value, got "
+                             f"{type(row).__name__}", None, i, "an object of column -> value")
+        names.update(dict.fromkeys(row))
+    return {name: [row.get(name) for row in rows] for name in names}
 
 
 def load(folder, device="cpu", compile=False, verify_key=None):
@@ -622,73 +555,19 @@ def _read_vocabulary(folder, manifest, feature):
     return vocabulary
 
 
-# ---- compiling ---------------------------------------------------------------------------------
-COMPILE_BATCH = 512  # the batch the compiled layers are tuned for: a request of candidates
+# ---- the program: checked before torch reads it, compiled on request (serving_program.py) --------
+def check_program_archive(path):
+    """Refuse a ``torch.export`` archive that loading could unpickle or run code from
+    (:class:`ArtifactError`); the checks are ``serving_program.py``'s."""
+    program = program_module()
+    try:
+        program.check_program_archive(path)
+    except program.ProgramError as exc:
+        raise ArtifactError(str(exc)) from None
 
 
-def compile_program(exported, num_dense, num_sparse, device="cpu", batch=COMPILE_BATCH):
-    """``exported`` (a ``torch.export`` program) compiled by TorchInductor, warmed up.
-
-    The program's oneDNN bfloat16 layers (``mkldnn._linear_pointwise`` with plain weights,
-    which Inductor does not lower) are written back as ``linear`` + ``relu`` first; with
-    ``freezing`` Inductor fuses them again, on weights prepacked for ``batch`` rows.
-    Compiling happens in two warm-up calls, a batch of ``batch`` (a graph for every batch
-    size but 1) and a batch of 1 (which torch specializes): no later call compiles again.
-
-    Args:
-        exported: the program, with its weights in place.
-        num_dense, num_sparse: the input contract's feature counts (for the warm-up
-            inputs).
-        device: where the warm-up inputs go.
-        batch: the batch size the layers are tuned for (others run, a little slower).
-
-    Returns:
-        A callable ``(dense, ids, lengths) -> probabilities``, as ``exported.module()``.
-
-    Raises:
-        Exception: whatever Inductor raises where it cannot compile.
-    """
-    module = exported.module()  # a fresh graph over the same weights
-    _unfuse_linear_pointwise(module)
-    # Flat arguments in, a tuple out: without the program's pytree code, whose guards fail
-    # (and recompile, without the settings below) when a library registers pytree types.
-    module.graph._codegen = torch.fx.graph.CodeGen()
-    module.recompile()
-    flat = torch.compile(module, dynamic=True)
-
-    def compiled(dense, ids, lengths):
-        return flat(dense, ids, lengths)[0]
-
-    # Read when compiling only; torch.compile's own ``options`` do not carry ``freezing``.
-    # ``emulate_precision_casts`` rounds where the program rounds (bfloat16 casts), which
-    # keeps the scores the program's.
-    with torch._inductor.config.patch(freezing=True, cpp_wrapper=True,
-                                      emulate_precision_casts=True), torch.no_grad():
-        for rows in (max(2, batch), 1):
-            compiled(torch.zeros(rows, num_dense, device=device),
-                     torch.zeros(num_sparse * rows, dtype=torch.int64, device=device),
-                     torch.ones(num_sparse * rows, dtype=torch.int64, device=device))
-    return compiled
-
-
-def _unfuse_linear_pointwise(module):
-    """Replace the graph's ``mkldnn._linear_pointwise`` calls by ``linear`` (+ ``relu``)."""
-    fused = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
-    if fused is None:  # a torch without it exported no such call
-        return
-    graph = module.graph
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not fused.default:
-            continue
-        x, weight, bias, activation = node.args[:4]
-        if activation not in ("none", "relu"):
-            raise ValueError(f"a fused layer with activation {activation!r}")
-        with graph.inserting_before(node):
-            out = graph.call_function(torch.ops.aten.linear.default, (x, weight, bias))
-            if activation == "relu":
-                out = graph.call_function(torch.ops.aten.relu.default, (out,))
-        out.meta = dict(node.meta)
-        node.replace_all_uses_with(out)
-        graph.erase_node(node)
-    graph.lint()
-    module.recompile()
+def compile_program(exported, num_dense, num_sparse, device="cpu", batch=None):
+    """``exported`` compiled by TorchInductor and warmed up (``serving_program.py``)."""
+    program = program_module()
+    return program.compile_program(exported, num_dense, num_sparse, device=device,
+                                   batch=batch or program.COMPILE_BATCH)

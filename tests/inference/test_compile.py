@@ -74,13 +74,14 @@ def test_a_program_that_cannot_compile_runs_as_exported(bf16_artifact: Path, tra
 
 def test_pyfunc_model_config_turns_compiling_on(bf16_artifact: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
+    from ctrctl.inference import pyfunc_model
+    from ctrctl.inference.pyfunc_model import ServingArtifactModel
 
     calls: list[bool] = []
     monkeypatch.setattr(standalone, "load",
                         lambda folder, compile=False: calls.append(compile) or "model")
-    monkeypatch.setitem(sys.modules, "serving", standalone)
-    from ctrctl.inference.pyfunc_model import ServingArtifactModel
+    # The model loads the artifact's serving.py by its path: hand it this loader instead.
+    monkeypatch.setattr(pyfunc_model, "_load_loader", lambda folder: standalone)
 
     for config in (None, {}, {"compile": True}):
         model = ServingArtifactModel()

@@ -64,7 +64,7 @@ def test_pyfunc_predicts_a_frame_and_links_the_training_run(logged: dict[str, ob
     scores = pyfunc.predict(frame)
     direct = load_artifact(Path(str(logged["export"]))).predict_records(
         frame.to_dict("records"))
-    assert list(scores) == direct and len(direct) == 20
+    assert list(scores) == direct.tolist() and len(direct) == 20
     assert logged.setdefault("model_uri", model.model_uri)
 
 
@@ -113,4 +113,4 @@ def test_mlflow_models_serve_answers_invocations(logged: dict[str, object],
         server.wait(timeout=60)
     direct = load_artifact(Path(str(logged["export"]))).predict_records(
         frame.to_dict("records"))
-    assert answer["predictions"] == direct
+    assert answer["predictions"] == direct.tolist()

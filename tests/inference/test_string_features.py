@@ -142,7 +142,7 @@ def test_standalone_scores_raw_string_rows_as_ctrctl_predicts(exported: Exported
         import serving
         model = serving.load({str(exported.export)!r})
         rows = json.load(open({str(tmp_path / "rows.json")!r}))
-        json.dump(model.predict_records(rows), open({str(tmp_path / "out.json")!r}, "w"))
+        json.dump(model.predict_records(rows).tolist(), open({str(tmp_path / "out.json")!r}, "w"))
         print("ctrctl modules:", [m for m in sys.modules if m.startswith("ctrctl")
                                   and sys.modules[m]])
     """)
