@@ -79,9 +79,10 @@ def test_pyfunc_model_config_turns_compiling_on(bf16_artifact: Path,
 
     calls: list[bool] = []
     monkeypatch.setattr(standalone, "load",
-                        lambda folder, compile=False: calls.append(compile) or "model")
+                        lambda folder, compile=False, verify_key=None:
+                        calls.append(compile) or "model")
     # The model loads the artifact's serving.py by its path: hand it this loader instead.
-    monkeypatch.setattr(pyfunc_model, "_load_loader", lambda folder: standalone)
+    monkeypatch.setattr(pyfunc_model, "load_loader", lambda folder: standalone)
 
     for config in (None, {}, {"compile": True}):
         model = ServingArtifactModel()

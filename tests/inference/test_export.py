@@ -217,7 +217,7 @@ def test_an_overwrite_that_fails_keeps_the_old_artifact(artifact: Path, quantize
     killed.mkdir()
     (killed / "program.pt2").write_bytes(b"partial")
 
-    def refuse(folder: str) -> None:
+    def refuse(folder: str, verify_key: object = None) -> None:
         raise standalone.ArtifactError(f"{folder}: refused")
 
     monkeypatch.setattr(standalone, "verify", refuse)
