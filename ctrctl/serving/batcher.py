@@ -1,0 +1,253 @@
+"""Dynamic batching: requests gathered into one model call, their scores split back.
+
+A :class:`Batcher` serves one loaded model. Requests wait in a queue; the batcher takes the
+oldest, then more until ``max_batch_rows`` rows or until the oldest has waited
+``max_wait_s``, and runs them in one call on its compute thread: each request's raw
+columns are encoded separately (a bad value fails its own request only), the inputs are
+merged into one batch, scored by the exported program once, and the scores split back::
+
+    requests  A (3 rows)   B (2 rows)   C (4 rows)
+    merged    dense (9, F_dense)   lengths (F, 3 | 2 | 4) key-major   ids feature by feature
+    scores    [a a a | b b | c c c c]  ->  A, B, C
+
+Load is shed, not queued without limit: a request that would take the queue past
+``max_queue_rows`` or could not be scored before its deadline (the queue ahead of it times
+the measured seconds per row) is refused at once with :class:`Overloaded` (a 503 with
+``Retry-After``), and a request still queued at its deadline is dropped the same way.
+
+Example:
+    >>> batcher = Batcher(model, metrics, "3", max_batch_rows=2048, max_wait_s=0.002)
+    >>> batcher.start()
+    >>> scores = await batcher.submit({"I1": ["3"], "C1": ["ab"]}, 1, deadline)
+    >>> await batcher.stop()                                 # drains the queue first
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ctrctl.serving import model_api
+from ctrctl.serving.metrics import Metrics
+
+
+class Overloaded(Exception):
+    """The request is refused to protect the others: ``reason`` is ``queue_full``,
+    ``deadline`` or ``not_ready``; retry after ``retry_after_s``."""
+
+    def __init__(self, reason: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class Retired(Exception):
+    """The batcher was stopped (its model was swapped out): submit to the new one."""
+
+
+@dataclass
+class Job:
+    columns: Mapping[str, Sequence[Any]]
+    n_rows: int
+    arrived: float  # time.monotonic()
+    deadline: float  # time.monotonic()
+    future: asyncio.Future[np.ndarray]
+    abandoned: bool = False
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None)
+
+
+class Batcher:
+    """Gathers requests for one model and scores them in batches on one compute thread.
+
+    Args:
+        model: a loaded artifact (``serving.load``).
+        metrics: the app's metrics.
+        version: the model version, the label of its metrics.
+        max_batch_rows: rows per model call at most (a larger request runs alone).
+        max_wait_s: how long the oldest request waits for others.
+        max_queue_rows: rows queued at most; beyond, requests are shed.
+    """
+
+    def __init__(self, model: Any, metrics: Metrics, version: str, *,
+                 max_batch_rows: int = 4096, max_wait_s: float = 0.002,
+                 max_queue_rows: int = 16384) -> None:
+        self.model = model
+        self.metrics = metrics
+        self.version = version
+        self.max_batch_rows = max_batch_rows
+        self.max_wait_s = max_wait_s
+        self.max_queue_rows = max_queue_rows
+        self.num_sparse = len(model.contract["sparse"])
+        self.seconds_per_row = 0.0  # measured; 0 until the first batch (or warm-up)
+        self.queued_rows = 0
+        self._jobs: collections.deque[Job] = collections.deque()
+        self._arrival = asyncio.Event()
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix=f"ctrctl-score-{version}")
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._vocab_features = [i for i, f in enumerate(model.contract["sparse"])
+                                if f["mode"] == "vocab" and not f.get("separator")]
+
+    def warm(self, columns: Mapping[str, Sequence[Any]], n_rows: int, repeats: int = 3) -> None:
+        """Score a batch a few times (first calls are slow) and measure seconds per row."""
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model_api.score_columns(self.model, columns, n_rows)
+            self.seconds_per_row = (time.perf_counter() - start) / max(n_rows, 1)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Refuse new requests, score those queued, stop the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._arrival.set()
+        if self._task is not None:
+            await self._task
+        self._executor.shutdown(wait=True)
+
+    async def submit(self, columns: Mapping[str, Sequence[Any]], n_rows: int,
+                     deadline: float) -> np.ndarray:
+        """Scores (n_rows,) for raw columns, or :class:`Overloaded` / an ``InputError``."""
+        if self._closed:
+            raise Retired()
+        now = time.monotonic()
+        if self.queued_rows + n_rows > self.max_queue_rows and self.queued_rows > 0:
+            raise Overloaded("queue_full", self._retry_after())
+        expected = now + (self.queued_rows + n_rows) * self.seconds_per_row
+        if expected > deadline:
+            raise Overloaded("deadline", self._retry_after())
+        job = Job(columns, n_rows, now, deadline, asyncio.get_running_loop().create_future())
+        self.queued_rows += n_rows
+        self._jobs.append(job)
+        self._arrival.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(job.future),
+                                          max(deadline - time.monotonic(), 0.0))
+        except TimeoutError:
+            job.abandoned = True
+            raise Overloaded("deadline", self._retry_after()) from None
+
+    def _retry_after(self) -> float:
+        return max(1.0, self.queued_rows * self.seconds_per_row)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._jobs:
+                if self._closed:
+                    return
+                self._arrival.clear()
+                await self._arrival.wait()
+            flush_at = self._jobs[0].arrived + self.max_wait_s
+            while self.queued_rows < self.max_batch_rows and not self._closed:
+                wait = flush_at - time.monotonic()
+                if wait <= 0:
+                    break
+                self._arrival.clear()
+                try:
+                    await asyncio.wait_for(self._arrival.wait(), wait)
+                except TimeoutError:
+                    break
+            batch, rows = [self._jobs.popleft()], 0
+            rows = batch[0].n_rows
+            while self._jobs and rows + self._jobs[0].n_rows <= self.max_batch_rows:
+                job = self._jobs.popleft()
+                batch.append(job)
+                rows += job.n_rows
+            self.queued_rows -= rows
+            results = await loop.run_in_executor(self._executor, self._score, batch)
+            for job, result in zip(batch, results, strict=True):
+                if job.future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    job.future.set_exception(result)
+                else:
+                    job.future.set_result(result)
+
+    def _score(self, batch: list[Job]) -> list[np.ndarray | BaseException]:
+        """On the compute thread: encode each job, score the good ones in one call."""
+        start = time.monotonic()
+        results: list[np.ndarray | BaseException | None] = [None] * len(batch)
+        parts: list[tuple[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
+        for i, job in enumerate(batch):
+            if job.abandoned or start > job.deadline:
+                results[i] = Overloaded("deadline")
+                continue
+            self.metrics.queue_wait.labels(self.version).observe(start - job.arrived)
+            try:
+                inputs = model_api.encode_columns(self.model, job.columns, job.n_rows)
+            except model_api.InputError as exc:
+                results[i] = exc
+                continue
+            except model_api.ArtifactError as exc:
+                results[i] = model_api.InputError(str(exc))
+                continue
+            parts.append((i, inputs))
+            self._count_oov(job, inputs)
+        if parts:
+            merged = merge_inputs([p for _, p in parts], self.num_sparse)
+            rows = merged[0].size(0)
+            self.metrics.batch_rows.labels(self.version).observe(rows)
+            compute = time.perf_counter()
+            scores = self.model.score(*merged).numpy()
+            elapsed = time.perf_counter() - compute
+            per_row = elapsed / rows
+            self.seconds_per_row = (per_row if self.seconds_per_row == 0
+                                    else 0.8 * self.seconds_per_row + 0.2 * per_row)
+            offset = 0
+            histogram = self.metrics.score.labels(self.version)
+            for i, inputs in parts:
+                n = inputs[0].size(0)
+                results[i] = scores[offset:offset + n]
+                offset += n
+            for value in scores.tolist():
+                histogram.observe(value)
+        return [r if r is not None else RuntimeError("not scored") for r in results]
+
+    def _count_oov(self, job: Job, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+                   ) -> None:
+        """Rows of a vocabulary feature whose present value mapped to row 0 (unknown)."""
+        if not self._vocab_features:
+            return
+        _, ids, lengths = inputs
+        per_feature = lengths.view(self.num_sparse, -1).sum(1).tolist()
+        chunks = torch.split(ids, per_feature)
+        sparse = self.model.contract["sparse"]
+        for f in self._vocab_features:
+            name = sparse[f]["name"]
+            values = job.columns.get(name)
+            if values is None or per_feature[f] != job.n_rows:
+                continue
+            present = torch.tensor([v is not None for v in values], dtype=torch.bool)
+            oov = int(((chunks[f] == 0) & present).sum())
+            if oov:
+                self.metrics.feature_oov.labels(name).inc(oov)
+
+
+def merge_inputs(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                 num_sparse: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Several requests' (dense, ids, lengths) as one batch, key-major as the program reads.
+
+    Lengths (F, B_r) per request are joined along the batch: (F, B_1 + B_2 + ...); ids,
+    feature after feature, take each request's run of that feature in turn.
+    """
+    if len(parts) == 1:
+        return parts[0]
+    dense = torch.cat([p[0] for p in parts])  # (B, F_dense)
+    lengths = [p[2].view(num_sparse, -1) for p in parts]  # (F, B_r) each
+    chunks = [torch.split(p[1], length.sum(1).tolist()) for p, length in zip(parts, lengths,
+                                                                              strict=True)]
+    ids = torch.cat([c[f] for f in range(num_sparse) for c in chunks])
+    return dense, ids, torch.cat(lengths, dim=1).reshape(-1)
