@@ -19,8 +19,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
+from types import FrameType
 
 from ctrctl.serving.config import ENV, ServeConfig
 from ctrctl.serving.source import ModelSource
@@ -48,6 +50,22 @@ def check_models(config: ServeConfig) -> list[str]:
     return lines
 
 
+def _draining_server_class() -> type:
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn's server, but a SIGTERM it drained for is a clean exit (0): uvicorn
+        raises the signal again once shut down, which kills the process with it."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM:
+                self._captured_signals = [s for s in self._captured_signals
+                                          if s != signal.SIGTERM]
+
+    return DrainingServer
+
+
 def serve(config: ServeConfig) -> None:
     """Serve until SIGTERM or Ctrl-C (see the module docstring)."""
     import uvicorn
@@ -59,7 +77,10 @@ def serve(config: ServeConfig) -> None:
     if config.workers == 1:
         from ctrctl.serving.app import create_app
 
-        uvicorn.run(create_app(config), **options)  # type: ignore[arg-type]
+        server_class = _draining_server_class()
+
+        server = server_class(uvicorn.Config(create_app(config), **options))  # type: ignore[arg-type]
+        server.run()
         return
     metrics_dir = tempfile.mkdtemp(prefix="ctrctl-serve-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir

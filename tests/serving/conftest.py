@@ -4,7 +4,17 @@ INT8 tables, exported."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,3 +92,77 @@ def _one_thread() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> Exported:
     return build_export(tmp_path_factory.mktemp("serving-model"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen[str]
+
+    def post(self, path: str, body: Any, headers: dict[str, str] | None = None,
+             timeout: float = 30.0) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """(status, JSON body, headers); ``body`` bytes are sent as they are."""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, headers={
+            "Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, json.loads(response.read()), dict(response.headers)
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read()), dict(exc.headers)
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=10) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def stop(self, timeout: float = 60.0) -> tuple[int, str]:
+        """SIGTERM; (exit code, output)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        output, _ = self.process.communicate(timeout=timeout)
+        return int(self.process.returncode), output
+
+
+def start_server(model: str | Path, *args: str, env: dict[str, str] | None = None,
+                 ready_s: float = 120.0) -> Server:
+    """``ctrctl serve MODEL ARGS`` on a free port; returns once /readyz answers 200."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ctrctl", "serve", str(model), "--port", str(port),
+         "--workers", "1", *args],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    server = Server(f"http://127.0.0.1:{port}", process)
+    deadline = time.monotonic() + ready_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the server exited {process.returncode}: "
+                                 f"{process.communicate()[0]}")
+        try:
+            if server.get("/readyz")[0] == 200:
+                return server
+        except OSError:
+            pass
+        time.sleep(0.2)
+    server.stop()
+    raise AssertionError("the server did not become ready")
+
+
+@contextlib.contextmanager
+def running(model: str | Path, *args: str, env: dict[str, str] | None = None
+            ) -> Iterator[Server]:
+    server = start_server(model, *args, env=env)
+    try:
+        yield server
+    finally:
+        if server.process.poll() is None:
+            server.stop()
