@@ -95,14 +95,15 @@ class ServerState:
             await asyncio.to_thread(self.log.close)
 
     async def score(self, request_id: str, columns: Mapping[str, Sequence[Any]], n_rows: int,
-                    deadline: float) -> tuple[np.ndarray, Slot]:
+                    deadline: float, context: Mapping[str, Any] | None = None
+                    ) -> tuple[np.ndarray, Slot]:
         """Scores from the slot the request id picks (the new one if it was just swapped)."""
         if self.router is None:
             raise Overloaded("not_ready", 1.0)
         for _ in range(3):
             slot = self.router.pick(request_id)
             try:
-                return await slot.batcher.submit(columns, n_rows, deadline), slot
+                return await slot.batcher.submit(columns, n_rows, deadline, context), slot
             except Retired:
                 continue
         raise Overloaded("deadline", 1.0)
@@ -159,20 +160,23 @@ def create_app(config: ServeConfig) -> FastAPI:
             if state.parser is None:
                 raise Overloaded("not_ready", 1.0)
             body = await request.body()
+            context: dict[str, Any] = {}
             if endpoint == "rank":
                 columns, n_rows, context = state.parser.rank(body)
-                columns.update({name: [value] * n_rows for name, value in context.items()})
+                every_row = {**columns, **{k: [v] * n_rows for k, v in context.items()}}
             else:
                 columns, n_rows = state.parser.score(body)
-            state.count_features(columns, n_rows)
+                every_row = columns
+            state.count_features(every_row, n_rows)
             deadline = time.monotonic() + config.timeout_ms / 1000.0
             try:
-                scores, slot = await state.score(request_id, columns, n_rows, deadline)
+                scores, slot = await state.score(request_id, columns, n_rows, deadline,
+                                                 context)
             except model_api.InputError as exc:
                 raise _input_error(exc, index_name) from None
             version = slot.version
             if state.log is not None:
-                state.log.append(request_id, version, columns, scores.tolist())
+                state.log.append(request_id, version, every_row, scores.tolist())
             payload = {"scores": scores.tolist(), "model": slot.resolved.info(),
                        "request_id": request_id}
             response: Response = Response(json.dumps(payload).encode(),

@@ -60,6 +60,7 @@ class Job:
     arrived: float  # time.monotonic()
     deadline: float  # time.monotonic()
     future: asyncio.Future[np.ndarray]
+    context: Mapping[str, Any] | None = None  # /v1/rank: features shared by every row
     abandoned: bool = False
     inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None)
 
@@ -118,8 +119,10 @@ class Batcher:
         self._executor.shutdown(wait=True)
 
     async def submit(self, columns: Mapping[str, Sequence[Any]], n_rows: int,
-                     deadline: float) -> np.ndarray:
-        """Scores (n_rows,) for raw columns, or :class:`Overloaded` / an ``InputError``."""
+                     deadline: float, context: Mapping[str, Any] | None = None
+                     ) -> np.ndarray:
+        """Scores (n_rows,) for raw columns (and ``context``: features of every row, encoded
+        once), or :class:`Overloaded` / an ``InputError``."""
         if self._closed:
             raise Retired()
         now = time.monotonic()
@@ -128,7 +131,8 @@ class Batcher:
         expected = now + (self.queued_rows + n_rows) * self.seconds_per_row
         if expected > deadline:
             raise Overloaded("deadline", self._retry_after())
-        job = Job(columns, n_rows, now, deadline, asyncio.get_running_loop().create_future())
+        job = Job(columns, n_rows, now, deadline, asyncio.get_running_loop().create_future(),
+                  context or None)
         self.queued_rows += n_rows
         self._jobs.append(job)
         self._arrival.set()
@@ -187,12 +191,14 @@ class Batcher:
                 continue
             self.metrics.queue_wait.labels(self.version).observe(start - job.arrived)
             try:
-                inputs = model_api.encode_columns(self.model, job.columns, job.n_rows)
+                inputs = (encode_with_context(self.model, job.columns, job.n_rows, job.context)
+                          if job.context else
+                          model_api.encode_columns(self.model, job.columns, job.n_rows))
             except model_api.InputError as exc:
                 results[i] = exc
                 continue
             except model_api.ArtifactError as exc:
-                results[i] = model_api.InputError(str(exc))
+                results[i] = model_api.input_error(str(exc))
                 continue
             parts.append((i, inputs))
             self._count_oov(job, inputs)
@@ -251,3 +257,49 @@ def merge_inputs(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
                                                                               strict=True)]
     ids = torch.cat([c[f] for f in range(num_sparse) for c in chunks])
     return dense, ids, torch.cat(lengths, dim=1).reshape(-1)
+
+
+def encode_with_context(model: Any, columns: Mapping[str, Sequence[Any]], n_rows: int,
+                        context: Mapping[str, Any]
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Model inputs of ``n_rows`` candidates that share the ``context`` features.
+
+    The context is encoded once (one row) and its ids and dense values broadcast to every
+    candidate: the same inputs, bitwise, as encoding the merged rows, for the encoding cost
+    of the candidates' own features plus one row. (The lookups of the context's ids still
+    run once per candidate: the artifact's program takes the ids, not pooled vectors.)::
+
+        lengths (F, B):  candidate features as encoded | context features: (F_ctx, 1) -> (F_ctx, B)
+        ids:             feature after feature; a context feature's run is its row's ids x B
+
+    Raises:
+        InputError: a bad context value (``feature`` prefixed ``context.``) or candidate value.
+    """
+    contract = model.contract
+    dense, ids, lengths = model_api.encode_columns(model, columns, n_rows)
+    try:
+        c_dense, c_ids, c_lengths = model_api.encode_columns(
+            model, {name: [value] for name, value in context.items()}, 1)
+    except model_api.InputError as exc:
+        feature = getattr(exc, "feature", None)
+        raise model_api.input_error(f"context: {exc}", feature=f"context.{feature}",
+                                    expected=getattr(exc, "expected", None)) from None
+    names = [f["name"] for f in contract["dense"]]
+    shared = [j for j, name in enumerate(names) if name in context]
+    if shared:
+        dense = dense.clone()
+        dense[:, shared] = c_dense[:, shared]  # (B, len(shared)) <- (1, len(shared))
+    num_sparse = len(contract["sparse"])
+    per_row = lengths.view(num_sparse, n_rows)  # (F, B)
+    c_per_row = c_lengths.view(num_sparse, 1)  # (F, 1)
+    chunks = torch.split(ids, per_row.sum(1).tolist())
+    c_chunks = torch.split(c_ids, c_per_row.sum(1).tolist())
+    out_ids, out_lengths = [], []
+    for f, feature in enumerate(contract["sparse"]):
+        if feature["name"] in context:
+            out_ids.append(c_chunks[f].repeat(n_rows))
+            out_lengths.append(c_per_row[f].expand(n_rows))
+        else:
+            out_ids.append(chunks[f])
+            out_lengths.append(per_row[f])
+    return dense, torch.cat(out_ids), torch.cat(out_lengths)

@@ -48,6 +48,17 @@ def _input_error_class() -> type[Exception]:
 InputError: Any = _input_error_class()  # the loader's class where it has one
 
 
+def input_error(message: str, *, feature: str | None = None, row: int | None = None,
+                expected: str | None = None) -> Exception:
+    """An :data:`InputError` with its three attributes, whatever its constructor takes."""
+    try:
+        error = InputError(message, feature=feature, row=row, expected=expected)
+    except TypeError:
+        error = InputError(message)
+    error.feature, error.row, error.expected = feature, row, expected
+    return error  # type: ignore[no-any-return]
+
+
 def input_columns(model: Any) -> list[str]:
     """The raw columns the model reads: dense features, then sparse ones, contract order."""
     if hasattr(model, "input_columns"):
@@ -109,6 +120,7 @@ def _locate(model: Any, records: list[dict[str, Any]], exc: Exception) -> Except
             try:
                 model.encode([{feature: value}])
             except ArtifactError as single:
-                return InputError(f"row {row}, feature {feature!r}: {single}", feature=feature,
-                                  row=row, expected=_expected(model, feature))
-    return InputError(str(exc))
+                return input_error(f"row {row}, feature {feature!r}: {single}",
+                                   feature=feature, row=row,
+                                   expected=_expected(model, feature))
+    return input_error(str(exc))

@@ -103,6 +103,8 @@ def test_too_many_rows_and_rank_mistakes(server: tuple[Server, Path],
     status, body, _ = http.post("/v1/rank", {"context": {}, "candidates": [{"I1": "3"},
                                                                             {"I4": "x"}]})
     assert status == 422 and (body["field"], body["candidate"]) == ("I4", 1), body
+    status, body, _ = http.post("/v1/rank", {"context": {"I1": "x"}, "candidates": [{}]})
+    assert status == 422 and body["field"] == "context.I1", body
     assert http.post("/v1/rank", {"candidates": exported.records(2)})[0] == 200
 
 

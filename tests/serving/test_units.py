@@ -9,7 +9,7 @@ import torch
 
 from ctrctl.inference.export import load_artifact
 from ctrctl.serving import model_api
-from ctrctl.serving.batcher import merge_inputs
+from ctrctl.serving.batcher import encode_with_context, merge_inputs
 from ctrctl.serving.metrics import Metrics
 from ctrctl.serving.models import canary_bucket
 from ctrctl.serving.request_log import RequestLog
@@ -32,6 +32,21 @@ def test_merged_requests_score_as_one_batch_of_their_rows(exported: Exported) ->
     for got, want in zip(merged, whole, strict=True):
         assert torch.equal(got, want)
     assert model_api.score_columns(model, _columns(records, names), 30).shape == (30,)
+
+
+def test_a_context_encoded_once_gives_the_merged_rows_inputs(exported: Exported) -> None:
+    model = load_artifact(exported.export)
+    names = model_api.input_columns(model)
+    records = exported.records(12)
+    shared = {"I2", "I7", "C1", "C4", "C9", "C20"}
+    context = {k: v for k, v in records[0].items() if k in shared}
+    candidates = [{k: v for k, v in r.items() if k not in shared} for r in records]
+    merged = [{**c, **context} for c in candidates]
+    got = encode_with_context(model, _columns(candidates, names), 12, context)
+    want = model_api.encode_columns(model, _columns(merged, names), 12)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    assert torch.equal(model.score(*got), model.score(*want))  # bitwise
 
 
 def test_a_bad_value_is_located_by_feature_and_row(exported: Exported) -> None:
