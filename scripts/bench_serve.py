@@ -103,6 +103,16 @@ def mflop_per_candidate(export: Path) -> float:
     return flops / 1e6
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -142,13 +152,63 @@ def sweep_server(command: list[str], ready: str, url: str, requests: Any, rates:
                                stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_ready(ready, process)
-        points = sweep(url, requests, rates, duration, protocol=protocol, p99_ms=p99_ms)
+        # every rate, past the first miss: the curve, not only the answer
+        points = sweep(url, requests, rates, duration, protocol=protocol, p99_ms=p99_ms,
+                       stop_after_miss=False)
     finally:
         code = stop(process)
     best = highest_rate(points, p99_ms)
     return {"command": " ".join(command), "exit_code": code,
             "points": [p.to_dict() for p in points], "p99_bound_ms": p99_ms,
             "highest_rate": best.offered_qps if best else None}
+
+
+def rank_dedup(export: Path, raw: Path, candidates: int = 512, repeats: int = 15
+               ) -> dict[str, Any]:
+    """``/v1/rank``'s encoding with half the features in the context, encoded once, against
+    encoding the merged rows: ms per request (median, min, max; taking turns), and whether
+    the scores are bitwise equal."""
+    import random
+    import statistics
+
+    import torch
+
+    from ctrctl.inference.export import load_artifact
+    from ctrctl.serving import model_api
+    from ctrctl.serving.batcher import encode_with_context
+    from ctrctl.serving.loadtest import read_raw_rows
+
+    model = load_artifact(export)
+    names = model_api.input_columns(model)
+    rows = read_raw_rows(export, raw, limit=5000)
+    pick = random.Random(0)
+    chosen = [rows[pick.randrange(len(rows))] for _ in range(candidates)]
+    shared = set(names[::2])
+    context = {k: v for k, v in chosen[0].items() if k in shared}
+    alone = [{k: v for k, v in r.items() if k not in shared} for r in chosen]
+    merged = [{**c, **context} for c in alone]
+
+    def columns(rs: list[dict[str, str]]) -> dict[str, list[Any]]:
+        present = set().union(*rs)
+        return {n: [r.get(n) for r in rs] for n in names if n in present}
+
+    full_columns, alone_columns = columns(merged), columns(alone)
+    with torch.no_grad():
+        equal = bool(torch.equal(
+            model.score(*model_api.encode_columns(model, full_columns, candidates)),
+            model.score(*encode_with_context(model, alone_columns, candidates, context))))
+    times: dict[str, list[float]] = {"merged": [], "context_once": []}
+    for _ in range(repeats):
+        for name in times:
+            start = time.perf_counter()
+            if name == "merged":
+                model.score(*model_api.encode_columns(model, full_columns, candidates))
+            else:
+                model.score(*encode_with_context(model, alone_columns, candidates, context))
+            times[name].append((time.perf_counter() - start) * 1000)
+    return {"candidates": candidates, "context_features": len(shared), "bitwise_equal": equal,
+            **{f"{k}_ms": {"median": statistics.median(v), "min": min(v), "max": max(v)}
+               for k, v in times.items()}}
 
 
 def offline_rows_per_s(export: Path, dataset: Path, work: Path, repeats: int) -> list[float]:
@@ -172,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT),
            "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
-    result: dict[str, Any] = {"cpu": platform.processor() or platform.machine(),
+    result: dict[str, Any] = {"cpu": cpu_name(), "cores": os.cpu_count(),
                               "load_before": os.getloadavg()}
     try:
         paths = build_model(work, args.rows)
@@ -206,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         offline = offline_rows_per_s(paths["export"], paths["dataset"], work,
                                      2 if args.quick else 3)
         result["predict_dataset_rows_per_s"] = offline
+        result["rank_dedup"] = rank_dedup(paths["export"], paths["raw"])
         result["mflop_per_candidate"] = mflop_per_candidate(paths["export"])
         result["candidates"] = args.candidates
         result["torchrec"] = ("TorchRec's CPU inference path (quantize_inference_model) is "
