@@ -11,7 +11,8 @@ Endpoints::
 A client mistake is a 4xx whose JSON body names the field, the row (or candidate) and
 what was expected (:mod:`ctrctl.serving.requests`); load that cannot be served in time is a
 503 with ``Retry-After``. Every answer carries ``X-Request-Id`` (the client's, or a new one:
-it also picks the canary side) and ``X-Model-Version``.
+it also picks the canary side) and ``X-Model-Version``. A client may shorten its deadline
+with ``X-Timeout-Ms`` (never beyond ``--timeout-ms``).
 
 Example:
     >>> app = create_app(ServeConfig(model="export"))
@@ -129,6 +130,22 @@ def _input_error(exc: Exception, index_name: str) -> ClientError:
                        expected=getattr(exc, "expected", None), index_name=index_name)
 
 
+def _timeout_ms(request: Request, config: ServeConfig) -> float:
+    """The request's deadline: ``X-Timeout-Ms`` when the client sends a shorter one."""
+    asked = request.headers.get("x-timeout-ms")
+    if asked is None:
+        return config.timeout_ms
+    try:
+        value = float(asked)
+    except ValueError:
+        raise ClientError(400, "invalid_header", f"X-Timeout-Ms {asked!r} is not a number",
+                          field="X-Timeout-Ms", expected="milliseconds") from None
+    if not value > 0:
+        raise ClientError(400, "invalid_header", "X-Timeout-Ms must be positive",
+                          field="X-Timeout-Ms", expected="milliseconds > 0")
+    return min(value, config.timeout_ms)
+
+
 def create_app(config: ServeConfig) -> FastAPI:
     """The app serving ``config.model`` (loaded in the background once the app starts)."""
     state = ServerState(config)
@@ -168,7 +185,7 @@ def create_app(config: ServeConfig) -> FastAPI:
                 columns, n_rows = state.parser.score(body)
                 every_row = columns
             state.count_features(every_row, n_rows)
-            deadline = time.monotonic() + config.timeout_ms / 1000.0
+            deadline = time.monotonic() + _timeout_ms(request, config) / 1000.0
             try:
                 scores, slot = await state.score(request_id, columns, n_rows, deadline,
                                                  context)

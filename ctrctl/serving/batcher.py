@@ -41,7 +41,8 @@ from ctrctl.serving.metrics import Metrics
 
 class Overloaded(Exception):
     """The request is refused to protect the others: ``reason`` is ``queue_full``,
-    ``deadline`` or ``not_ready``; retry after ``retry_after_s``."""
+    ``deadline`` (at arrival: the queue ahead cannot be scored in time), ``timeout`` (its
+    deadline passed in the queue) or ``not_ready``; retry after ``retry_after_s``."""
 
     def __init__(self, reason: str, retry_after_s: float = 1.0) -> None:
         super().__init__(reason)
@@ -61,7 +62,8 @@ class Job:
     deadline: float  # time.monotonic()
     future: asyncio.Future[np.ndarray]
     context: Mapping[str, Any] | None = None  # /v1/rank: features shared by every row
-    abandoned: bool = False
+    abandoned: bool = False  # its client was answered 503; its rows left the queue count
+    taken: bool = False  # in a batch
     inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None)
 
 
@@ -89,6 +91,7 @@ class Batcher:
         self.num_sparse = len(model.contract["sparse"])
         self.seconds_per_row = 0.0  # measured; 0 until the first batch (or warm-up)
         self.queued_rows = 0
+        self._busy_until = 0.0  # when the batch being scored should end (time.monotonic())
         self._jobs: collections.deque[Job] = collections.deque()
         self._arrival = asyncio.Event()
         self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -128,7 +131,9 @@ class Batcher:
         now = time.monotonic()
         if self.queued_rows + n_rows > self.max_queue_rows and self.queued_rows > 0:
             raise Overloaded("queue_full", self._retry_after())
-        expected = now + (self.queued_rows + n_rows) * self.seconds_per_row
+        # the batch on the thread now, then every queued row, then this request's
+        expected = (max(now, self._busy_until)
+                    + (self.queued_rows + n_rows) * self.seconds_per_row)
         if expected > deadline:
             raise Overloaded("deadline", self._retry_after())
         job = Job(columns, n_rows, now, deadline, asyncio.get_running_loop().create_future(),
@@ -140,8 +145,10 @@ class Batcher:
             return await asyncio.wait_for(asyncio.shield(job.future),
                                           max(deadline - time.monotonic(), 0.0))
         except TimeoutError:
-            job.abandoned = True
-            raise Overloaded("deadline", self._retry_after()) from None
+            if not job.taken:
+                job.abandoned = True
+                self.queued_rows -= n_rows
+            raise Overloaded("timeout", self._retry_after()) from None
 
     def _retry_after(self) -> float:
         return max(1.0, self.queued_rows * self.seconds_per_row)
@@ -164,13 +171,20 @@ class Batcher:
                     await asyncio.wait_for(self._arrival.wait(), wait)
                 except TimeoutError:
                     break
-            batch, rows = [self._jobs.popleft()], 0
-            rows = batch[0].n_rows
-            while self._jobs and rows + self._jobs[0].n_rows <= self.max_batch_rows:
+            batch: list[Job] = []
+            rows = 0
+            while self._jobs and (not batch or
+                                  rows + self._jobs[0].n_rows <= self.max_batch_rows):
                 job = self._jobs.popleft()
+                if job.abandoned:  # answered already, not counted in queued_rows
+                    continue
+                job.taken = True
                 batch.append(job)
                 rows += job.n_rows
             self.queued_rows -= rows
+            if not batch:
+                continue
+            self._busy_until = time.monotonic() + rows * self.seconds_per_row
             results = await loop.run_in_executor(self._executor, self._score, batch)
             for job, result in zip(batch, results, strict=True):
                 if job.future.done():
@@ -187,7 +201,7 @@ class Batcher:
         parts: list[tuple[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
         for i, job in enumerate(batch):
             if job.abandoned or start > job.deadline:
-                results[i] = Overloaded("deadline")
+                results[i] = Overloaded("timeout")
                 continue
             self.metrics.queue_wait.labels(self.version).observe(start - job.arrived)
             try:
@@ -206,10 +220,9 @@ class Batcher:
             merged = merge_inputs([p for _, p in parts], self.num_sparse)
             rows = merged[0].size(0)
             self.metrics.batch_rows.labels(self.version).observe(rows)
-            compute = time.perf_counter()
             scores = self.model.score(*merged).numpy()
-            elapsed = time.perf_counter() - compute
-            per_row = elapsed / rows
+            # encoding and scoring: what a queued row will cost (the deadline test's rate)
+            per_row = (time.monotonic() - start) / rows
             self.seconds_per_row = (per_row if self.seconds_per_row == 0
                                     else 0.8 * self.seconds_per_row + 0.2 * per_row)
             offset = 0

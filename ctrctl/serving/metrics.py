@@ -11,7 +11,8 @@ Names::
     ctrctl_requests_total{endpoint,status,model_version}            counter
     ctrctl_queue_wait_seconds{model_version}                        histogram
     ctrctl_batch_rows{model_version}                                histogram
-    ctrctl_shed_total{reason}                                       counter
+    ctrctl_shed_total{reason}                                       counter (queue_full,
+                                                                    deadline, timeout, not_ready)
     ctrctl_score{model_version}                                     histogram
     ctrctl_feature_values_total{feature}                            counter
     ctrctl_feature_missing_total{feature}                           counter (rate: / values)

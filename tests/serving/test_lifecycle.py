@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import shutil
 import signal
 import subprocess
@@ -47,6 +48,46 @@ def test_overload_gives_fast_503s(exported: Exported) -> None:
     finally:
         code, output = server.stop()
     assert code == 0, output
+
+
+@pytest.mark.slow
+def test_sustained_overload_sheds_at_arrival_and_keeps_serving_in_time(
+        exported: Exported) -> None:
+    # 16 clients keep 16 requests in flight, about 16 requests' work, with a deadline of 4:
+    # the batcher refuses at arrival what its measured rate cannot finish in time, and
+    # serves the rest (admitting everything, it timed requests out only at their deadline
+    # and served almost none: a queue of requests nobody waited for).
+    server = start_server(exported.export, "--max-rows-per-request", "600",
+                          "--max-wait-ms", "1")
+    rows = (exported.records() * 2)[:300]
+    try:
+        probe = sorted(_timed_post(server, {"rows": rows})[3] for _ in range(5))[2]
+        deadline_ms = max(4 * probe * 1000, 50.0)
+        headers = {"X-Timeout-Ms": f"{deadline_ms:.0f}"}
+        stop_at = time.monotonic() + 8
+        body = json.dumps({"rows": rows}).encode()
+
+        def client(_: int) -> list[tuple[int, float]]:
+            out = []
+            while time.monotonic() < stop_at:
+                status, _, _, seconds = _timed_post(server, body, headers)
+                out.append((status, seconds))
+                if status == 503:
+                    time.sleep(0.05)  # a client backs off (Retry-After says 1 s)
+            return out
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            results = [r for part in pool.map(client, range(16)) for r in part]
+        _, metrics = server.get("/metrics")
+    finally:
+        code, output = server.stop()
+    assert code == 0, output
+    statuses = [status for status, _ in results]
+    assert set(statuses) <= {200, 503}
+    assert statuses.count(200) >= 8 and statuses.count(503) >= 8, (statuses, probe)
+    at_arrival = next(float(line.split()[-1]) for line in metrics.splitlines()
+                      if line.startswith('ctrctl_shed_total{reason="deadline"}'))
+    assert at_arrival >= 1
 
 
 @pytest.mark.slow
