@@ -289,6 +289,12 @@ def encode_with_context(model: Any, columns: Mapping[str, Sequence[Any]], n_rows
         InputError: a bad context value (``feature`` prefixed ``context.``) or candidate value.
     """
     contract = model.contract
+    features = {f["name"] for part in ("dense", "sparse") for f in contract[part]}
+    if not set(context) <= features:
+        # a raw column that features are derived from (Avazu's ``hour``): which features
+        # come from it is the encoder's business, so the merged rows are encoded instead
+        every_row = {**columns, **{name: [value] * n_rows for name, value in context.items()}}
+        return model_api.encode_columns(model, every_row, n_rows)
     dense, ids, lengths = model_api.encode_columns(model, columns, n_rows)
     try:
         c_dense, c_ids, c_lengths = model_api.encode_columns(
