@@ -174,8 +174,10 @@ def create_app(config: ServeConfig) -> FastAPI:
         version = "none"
         index_name = "candidate" if endpoint == "rank" else "row"
         try:
-            if state.parser is None:
+            if state.parser is None or state.router is None:
                 raise Overloaded("not_ready", 1.0)
+            deadline = time.monotonic() + _timeout_ms(request, config) / 1000.0
+            state.router.pick(request_id).batcher.check_admission(deadline)
             body = await request.body()
             context: dict[str, Any] = {}
             if endpoint == "rank":
@@ -185,7 +187,6 @@ def create_app(config: ServeConfig) -> FastAPI:
                 columns, n_rows = state.parser.score(body)
                 every_row = columns
             state.count_features(every_row, n_rows)
-            deadline = time.monotonic() + _timeout_ms(request, config) / 1000.0
             try:
                 scores, slot = await state.score(request_id, columns, n_rows, deadline,
                                                  context)

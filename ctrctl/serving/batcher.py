@@ -150,6 +150,14 @@ class Batcher:
                 self.queued_rows -= n_rows
             raise Overloaded("timeout", self._retry_after()) from None
 
+    def check_admission(self, deadline: float) -> None:
+        """Refuse (:class:`Overloaded`) before the body is even read when the queue ahead
+        alone cannot be scored by ``deadline``: parsing a request that will be refused
+        would take time from the ones being served."""
+        now = time.monotonic()
+        if max(now, self._busy_until) + self.queued_rows * self.seconds_per_row > deadline:
+            raise Overloaded("deadline", self._retry_after())
+
     def _retry_after(self) -> float:
         return max(1.0, self.queued_rows * self.seconds_per_row)
 

@@ -128,3 +128,20 @@ def test_a_tampered_artifact_is_refused_at_load_naming_the_file(exported: Export
     assert result.returncode == 1
     assert str(table) in result.stdout + result.stderr
     assert "sha256" in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_two_workers_serve_share_metrics_and_stop_on_sigterm(exported: Exported) -> None:
+    server = start_server(exported.export, "--workers", "2")
+    try:
+        for i in range(12):
+            status, body, _ = server.post("/v1/score", {"rows": exported.records(3)},
+                                          headers={"X-Request-Id": f"w{i}"})
+            assert status == 200 and len(body["scores"]) == 3
+        _, metrics = server.get("/metrics")  # summed over the workers' files
+        total = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                    if line.startswith("ctrctl_requests_total{") and 'status="200"' in line)
+        assert total == 12
+    finally:
+        code, output = server.stop()
+    assert code == 0, output
