@@ -50,9 +50,7 @@ def serve_command(
         log_dir=str(log_dir) if log_dir else None, canary=canary,
         canary_percent=canary_percent, poll_s=poll_s, tracking_uri=tracking_uri,
         cache_dir=str(cache_dir) if cache_dir else None)
-    console.print(f"serving {model} on http://{host}:{port} ({config.workers} worker(s))",
-                  highlight=False)
-    serve(config)
+    serve(config, announce=lambda line: console.print(line, highlight=False))
 
 
 def register(app: typer.Typer) -> None:

@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -66,12 +67,21 @@ def _draining_server_class() -> type:
     return DrainingServer
 
 
-def serve(config: ServeConfig) -> None:
-    """Serve until SIGTERM or Ctrl-C (see the module docstring)."""
+def serve(config: ServeConfig, announce: Callable[[str], None] | None = None) -> None:
+    """Serve until SIGTERM or Ctrl-C (see the module docstring).
+
+    Args:
+        config: the settings.
+        announce: told what is served and where, once the models are checked (the CLI
+            prints it; the log otherwise).
+    """
     import uvicorn
 
+    say = announce or logger.info
     for line in check_models(config):
-        logger.info("serving %s", line)
+        say(f"serving {line}")
+    say(f"on http://{config.host}:{config.port} ({config.workers} worker(s)); "
+        "ready when /readyz answers 200")
     options = {"host": config.host, "port": config.port, "log_level": "warning",
                "timeout_graceful_shutdown": 30, "access_log": False}
     if config.workers == 1:
