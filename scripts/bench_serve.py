@@ -61,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--p99-ms", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--work", type=Path, default=None, help="keep the model here")
+    parser.add_argument("--memory-export", type=Path, default=None,
+                        help="measure the workers' memory on this export (default: the "
+                             "bench model)")
     return parser.parse_args(argv)
 
 
@@ -211,6 +214,56 @@ def rank_dedup(export: Path, raw: Path, candidates: int = 512, repeats: int = 15
                for k, v in times.items()}}
 
 
+def _table_mappings(pid: int, tables: Path) -> dict[str, int]:
+    """Bytes of ``pid``'s mappings of the table files: resident, private, shared."""
+    out = {"rss": 0, "private": 0, "shared": 0}
+    inside = False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+            inside = len(head) >= 6 and head[5].startswith(str(tables))
+        elif inside and len(head) == 3 and head[2] == "kB":
+            key, kb = head[0].rstrip(":"), int(head[1]) * 1024
+            if key == "Rss":
+                out["rss"] += kb
+            elif key in ("Private_Clean", "Private_Dirty"):
+                out["private"] += kb
+            elif key in ("Shared_Clean", "Shared_Dirty"):
+                out["shared"] += kb
+    return out
+
+
+def worker_memory(export: Path, env: dict[str, str], workers: int = 2) -> dict[str, Any]:
+    """Serve ``export`` with ``workers`` processes; per worker, its whole RSS and the table
+    files' pages in it (private ones would be copies; shared ones are the file's)."""
+    tables = (export / "tables").resolve()
+    table_bytes = sum(p.stat().st_size for p in tables.glob("*.safetensors"))
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ctrctl", "serve", str(export), "--port", str(port),
+         "--workers", str(workers)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/readyz", process)
+        time.sleep(5)  # every worker loaded and warmed
+        children = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True,
+                                  text=True).stdout.split()
+        found = []
+        for pid in map(int, children):
+            mapped = _table_mappings(pid, tables)
+            if mapped["rss"] == 0:
+                continue  # uvicorn's helper process, no model
+            status = Path(f"/proc/{pid}/status").read_text()
+            rss = next(int(line.split()[1]) * 1024 for line in status.splitlines()
+                       if line.startswith("VmRSS"))
+            found.append({"pid": pid, "rss": rss, "table_pages": mapped})
+    finally:
+        stop(process)
+    return {"export": str(export), "table_bytes": table_bytes, "workers": found,
+            "private_table_bytes_per_worker_over_table_bytes": [
+                w["table_pages"]["private"] / max(table_bytes, 1) for w in found]}
+
+
 def offline_rows_per_s(export: Path, dataset: Path, work: Path, repeats: int) -> list[float]:
     from ctrctl.inference.predictor import predict_dataset
 
@@ -267,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                                      2 if args.quick else 3)
         result["predict_dataset_rows_per_s"] = offline
         result["rank_dedup"] = rank_dedup(paths["export"], paths["raw"])
+        result["worker_memory"] = worker_memory(args.memory_export or paths["export"], env)
         result["mflop_per_candidate"] = mflop_per_candidate(paths["export"])
         result["candidates"] = args.candidates
         result["torchrec"] = ("TorchRec's CPU inference path (quantize_inference_model) is "
