@@ -38,6 +38,9 @@ import torch
 from ctrctl.serving import model_api
 from ctrctl.serving.metrics import Metrics
 
+#: Admit a request only if the estimate finishes it within this share of its time budget.
+ADMIT_SHARE = 0.8
+
 
 class Overloaded(Exception):
     """The request is refused to protect the others: ``reason`` is ``queue_full``,
@@ -134,7 +137,8 @@ class Batcher:
         # the batch on the thread now, then every queued row, then this request's
         expected = (max(now, self._busy_until)
                     + (self.queued_rows + n_rows) * self.seconds_per_row)
-        if expected > deadline:
+        # a margin for what the estimate misses (the event loop's own work, a busy machine)
+        if expected > now + ADMIT_SHARE * (deadline - now):
             raise Overloaded("deadline", self._retry_after())
         job = Job(columns, n_rows, now, deadline, asyncio.get_running_loop().create_future(),
                   context or None)
@@ -145,9 +149,10 @@ class Batcher:
             return await asyncio.wait_for(asyncio.shield(job.future),
                                           max(deadline - time.monotonic(), 0.0))
         except TimeoutError:
-            if not job.taken:
-                job.abandoned = True
-                self.queued_rows -= n_rows
+            if job.taken:  # being scored now: a late answer beats throwing the work away
+                return await job.future
+            job.abandoned = True
+            self.queued_rows -= n_rows
             raise Overloaded("timeout", self._retry_after()) from None
 
     def check_admission(self, deadline: float) -> None:
