@@ -61,6 +61,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--p99-ms", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--work", type=Path, default=None, help="keep the model here")
+    parser.add_argument("--soak-s", type=float, default=0.0,
+                        help="then serve --soak-rate requests/s this long (0: no soak)")
+    parser.add_argument("--soak-rate", type=float, default=10.0)
+    parser.add_argument("--skip-sweep", action="store_true",
+                        help="only the soak (with --soak-s)")
     parser.add_argument("--memory-export", type=Path, default=None,
                         help="measure the workers' memory on this export (default: the "
                              "bench model)")
@@ -264,6 +269,52 @@ def worker_memory(export: Path, env: dict[str, str], workers: int = 2) -> dict[s
                 w["table_pages"]["private"] / max(table_bytes, 1) for w in found]}
 
 
+def _rss(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(int(line.split()[1]) * 1024 for line in status.splitlines()
+                if line.startswith("VmRSS"))
+
+
+def soak(export: Path, requests: Any, rate: float, seconds: float, env: dict[str, str]
+         ) -> dict[str, Any]:
+    """``ctrctl serve`` (one worker) at ``rate`` for ``seconds`` after a 30 s warm-up at the
+    same rate: errors, shed, percentiles, and the server's RSS at the start and the end."""
+    import threading
+
+    from ctrctl.serving.loadtest import run_point
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ctrctl", "serve", str(export), "--port", str(port),
+         "--workers", "1"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    samples: list[tuple[float, int]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        start = time.monotonic()
+        while not done.wait(10.0):
+            samples.append((time.monotonic() - start, _rss(process.pid)))
+
+    try:
+        wait_ready(url + "/readyz", process)
+        run_point(url, requests, rate, 30.0)  # warm-up: allocator and caches settle
+        watcher = threading.Thread(target=sample, daemon=True)
+        samples.append((0.0, _rss(process.pid)))
+        watcher.start()
+        point = run_point(url, requests, rate, seconds)
+        done.set()
+        watcher.join()
+        samples.append((seconds, _rss(process.pid)))
+    finally:
+        code = stop(process)
+    first, last = samples[0][1], samples[-1][1]
+    return {"rate": rate, "seconds": seconds, "point": point.to_dict(), "exit_code": code,
+            "rss_start": first, "rss_end": last, "rss_growth": last / first - 1,
+            "rss_max": max(r for _, r in samples)}
+
+
 def offline_rows_per_s(export: Path, dataset: Path, work: Path, repeats: int) -> list[float]:
     from ctrctl.inference.predictor import predict_dataset
 
@@ -292,6 +343,12 @@ def main(argv: list[str] | None = None) -> int:
         rows = read_raw_rows(paths["export"], paths["raw"])
         candidates = args.candidates if args.candidates == "dlrmv2" else int(args.candidates)
         rates = [float(r) for r in args.rates.split(",")]
+        if args.soak_s > 0:
+            result["soak"] = soak(paths["export"], RequestSet.sample(rows, candidates),
+                                  args.soak_rate, args.soak_s, env)
+        if args.skip_sweep:
+            result["load_after"] = os.getloadavg()
+            return _write(args, result)
         port = free_port()
         result["ctrctl_serve"] = sweep_server(
             [sys.executable, "-m", "ctrctl", "serve", str(paths["export"]), "--port", str(port),
@@ -330,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
         result["load_after"] = os.getloadavg()
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
+    return _write(args, result)
+
+
+def _write(args: argparse.Namespace, result: dict[str, Any]) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
