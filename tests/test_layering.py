@@ -66,8 +66,10 @@ ALLOWED: dict[str, frozenset[str]] = {
         "evaluation": _L5 | {"training", "inference"},
         # The runner calls every step's library in process; only the CLI imports it.
         "runner": _LIBRARY,
-        "cli": _LIBRARY | {"runner"},
-        "ctrctl": _LIBRARY | {"runner"},  # the public API: lazy re-exports of the library
+        # The online ranker: the artifact's loader and the raw-log reader (load tests).
+        "serving": _L4 | {"inference"},
+        "cli": _LIBRARY | {"runner", "serving"},
+        "ctrctl": _LIBRARY | {"runner", "serving"},  # the public API: lazy re-exports
         "__main__": {"cli"},
         "testing": _LIBRARY,  # helpers for tests: nothing in the library imports them
     }.items()

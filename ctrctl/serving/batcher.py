@@ -1,0 +1,337 @@
+"""Dynamic batching: requests gathered into one model call, their scores split back.
+
+A :class:`Batcher` serves one loaded model. Requests wait in a queue; the batcher takes the
+oldest, then more until ``max_batch_rows`` rows or until the oldest has waited
+``max_wait_s``, and runs them in one call on its compute thread: each request's raw
+columns are encoded separately (a bad value fails its own request only), the inputs are
+merged into one batch, scored by the exported program once, and the scores split back::
+
+    requests  A (3 rows)   B (2 rows)   C (4 rows)
+    merged    dense (9, F_dense)   lengths (F, 3 | 2 | 4) key-major   ids feature by feature
+    scores    [a a a | b b | c c c c]  ->  A, B, C
+
+Load is shed, not queued without limit: a request that would take the queue past
+``max_queue_rows`` or could not be scored before its deadline (the queue ahead of it times
+the measured seconds per row) is refused at once with :class:`Overloaded` (a 503 with
+``Retry-After``), and a request still queued at its deadline is dropped the same way.
+
+Example:
+    >>> batcher = Batcher(model, metrics, "3", max_batch_rows=2048, max_wait_s=0.002)
+    >>> batcher.start()
+    >>> scores = await batcher.submit({"I1": ["3"], "C1": ["ab"]}, 1, deadline)
+    >>> await batcher.stop()                                 # drains the queue first
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ctrctl.serving import model_api
+from ctrctl.serving.metrics import Metrics
+
+#: Admit a request only if the estimate finishes it within this share of its time budget.
+ADMIT_SHARE = 0.8
+
+
+class Overloaded(Exception):
+    """The request is refused to protect the others: ``reason`` is ``queue_full``,
+    ``deadline`` (at arrival: the queue ahead cannot be scored in time), ``timeout`` (its
+    deadline passed in the queue) or ``not_ready``; retry after ``retry_after_s``."""
+
+    def __init__(self, reason: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class Retired(Exception):
+    """The batcher was stopped (its model was swapped out): submit to the new one."""
+
+
+@dataclass
+class Job:
+    columns: Mapping[str, Sequence[Any]]
+    n_rows: int
+    arrived: float  # time.monotonic()
+    deadline: float  # time.monotonic()
+    future: asyncio.Future[np.ndarray]
+    context: Mapping[str, Any] | None = None  # /v1/rank: features shared by every row
+    abandoned: bool = False  # its client was answered 503; its rows left the queue count
+    taken: bool = False  # in a batch
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None)
+
+
+class Batcher:
+    """Gathers requests for one model and scores them in batches on one compute thread.
+
+    Args:
+        model: a loaded artifact (``serving.load``).
+        metrics: the app's metrics.
+        version: the model version, the label of its metrics.
+        max_batch_rows: rows per model call at most (a larger request runs alone).
+        max_wait_s: how long the oldest request waits for others.
+        max_queue_rows: rows queued at most; beyond, requests are shed.
+    """
+
+    def __init__(self, model: Any, metrics: Metrics, version: str, *,
+                 max_batch_rows: int = 4096, max_wait_s: float = 0.002,
+                 max_queue_rows: int = 16384) -> None:
+        self.model = model
+        self.metrics = metrics
+        self.version = version
+        self.max_batch_rows = max_batch_rows
+        self.max_wait_s = max_wait_s
+        self.max_queue_rows = max_queue_rows
+        self.num_sparse = len(model.contract["sparse"])
+        self.seconds_per_row = 0.0  # measured; 0 until the first batch (or warm-up)
+        self.queued_rows = 0
+        self._busy_until = 0.0  # when the batch being scored should end (time.monotonic())
+        self._jobs: collections.deque[Job] = collections.deque()
+        self._arrival = asyncio.Event()
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix=f"ctrctl-score-{version}")
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._vocab_features = [i for i, f in enumerate(model.contract["sparse"])
+                                if f["mode"] == "vocab" and not f.get("separator")]
+
+    def warm(self, columns: Mapping[str, Sequence[Any]], n_rows: int, repeats: int = 3) -> None:
+        """Score a batch a few times (first calls are slow) and measure seconds per row."""
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model_api.score_columns(self.model, columns, n_rows)
+            self.seconds_per_row = (time.perf_counter() - start) / max(n_rows, 1)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Refuse new requests, score those queued, stop the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._arrival.set()
+        if self._task is not None:
+            await self._task
+        self._executor.shutdown(wait=True)
+
+    async def submit(self, columns: Mapping[str, Sequence[Any]], n_rows: int,
+                     deadline: float, context: Mapping[str, Any] | None = None
+                     ) -> np.ndarray:
+        """Scores (n_rows,) for raw columns (and ``context``: features of every row, encoded
+        once), or :class:`Overloaded` / an ``InputError``."""
+        if self._closed:
+            raise Retired()
+        now = time.monotonic()
+        if self.queued_rows + n_rows > self.max_queue_rows and self.queued_rows > 0:
+            raise Overloaded("queue_full", self._retry_after())
+        # the batch on the thread now, then every queued row, then this request's
+        expected = (max(now, self._busy_until)
+                    + (self.queued_rows + n_rows) * self.seconds_per_row)
+        # a margin for what the estimate misses (the event loop's own work, a busy machine)
+        if expected > now + ADMIT_SHARE * (deadline - now):
+            raise Overloaded("deadline", self._retry_after())
+        job = Job(columns, n_rows, now, deadline, asyncio.get_running_loop().create_future(),
+                  context or None)
+        self.queued_rows += n_rows
+        self._jobs.append(job)
+        self._arrival.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(job.future),
+                                          max(deadline - time.monotonic(), 0.0))
+        except TimeoutError:
+            if job.taken:  # being scored now: a late answer beats throwing the work away
+                return await job.future
+            job.abandoned = True
+            self.queued_rows -= n_rows
+            raise Overloaded("timeout", self._retry_after()) from None
+
+    def check_admission(self, deadline: float) -> None:
+        """Refuse (:class:`Overloaded`) before the body is even read when the queue ahead
+        alone cannot be scored by ``deadline``: parsing a request that will be refused
+        would take time from the ones being served."""
+        now = time.monotonic()
+        if max(now, self._busy_until) + self.queued_rows * self.seconds_per_row > deadline:
+            raise Overloaded("deadline", self._retry_after())
+
+    def _retry_after(self) -> float:
+        return max(1.0, self.queued_rows * self.seconds_per_row)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._jobs:
+                if self._closed:
+                    return
+                self._arrival.clear()
+                await self._arrival.wait()
+            flush_at = self._jobs[0].arrived + self.max_wait_s
+            while self.queued_rows < self.max_batch_rows and not self._closed:
+                wait = flush_at - time.monotonic()
+                if wait <= 0:
+                    break
+                self._arrival.clear()
+                try:
+                    await asyncio.wait_for(self._arrival.wait(), wait)
+                except TimeoutError:
+                    break
+            batch: list[Job] = []
+            rows = 0
+            while self._jobs and (not batch or
+                                  rows + self._jobs[0].n_rows <= self.max_batch_rows):
+                job = self._jobs.popleft()
+                if job.abandoned:  # answered already, not counted in queued_rows
+                    continue
+                job.taken = True
+                batch.append(job)
+                rows += job.n_rows
+            self.queued_rows -= rows
+            if not batch:
+                continue
+            self._busy_until = time.monotonic() + rows * self.seconds_per_row
+            results = await loop.run_in_executor(self._executor, self._score, batch)
+            for job, result in zip(batch, results, strict=True):
+                if job.future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    job.future.set_exception(result)
+                else:
+                    job.future.set_result(result)
+
+    def _score(self, batch: list[Job]) -> list[np.ndarray | BaseException]:
+        """On the compute thread: encode each job, score the good ones in one call."""
+        start = time.monotonic()
+        results: list[np.ndarray | BaseException | None] = [None] * len(batch)
+        parts: list[tuple[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
+        for i, job in enumerate(batch):
+            if job.abandoned or start > job.deadline:
+                results[i] = Overloaded("timeout")
+                continue
+            self.metrics.queue_wait.labels(self.version).observe(start - job.arrived)
+            try:
+                inputs = (encode_with_context(self.model, job.columns, job.n_rows, job.context)
+                          if job.context else
+                          model_api.encode_columns(self.model, job.columns, job.n_rows))
+            except model_api.InputError as exc:
+                results[i] = exc
+                continue
+            except model_api.ArtifactError as exc:
+                results[i] = model_api.input_error(str(exc))
+                continue
+            parts.append((i, inputs))
+            self._count_oov(job, inputs)
+        if parts:
+            merged = merge_inputs([p for _, p in parts], self.num_sparse)
+            rows = merged[0].size(0)
+            self.metrics.batch_rows.labels(self.version).observe(rows)
+            scores = self.model.score(*merged).numpy()
+            # encoding and scoring: what a queued row will cost (the deadline test's rate)
+            per_row = (time.monotonic() - start) / rows
+            self.seconds_per_row = (per_row if self.seconds_per_row == 0
+                                    else 0.8 * self.seconds_per_row + 0.2 * per_row)
+            offset = 0
+            histogram = self.metrics.score.labels(self.version)
+            for i, inputs in parts:
+                n = inputs[0].size(0)
+                results[i] = scores[offset:offset + n]
+                offset += n
+            for value in scores.tolist():
+                histogram.observe(value)
+        return [r if r is not None else RuntimeError("not scored") for r in results]
+
+    def _count_oov(self, job: Job, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+                   ) -> None:
+        """Rows of a vocabulary feature whose present value mapped to row 0 (unknown)."""
+        if not self._vocab_features:
+            return
+        _, ids, lengths = inputs
+        per_feature = lengths.view(self.num_sparse, -1).sum(1).tolist()
+        chunks = torch.split(ids, per_feature)
+        sparse = self.model.contract["sparse"]
+        for f in self._vocab_features:
+            name = sparse[f]["name"]
+            values = job.columns.get(name)
+            if values is None or per_feature[f] != job.n_rows:
+                continue
+            present = torch.tensor([v is not None for v in values], dtype=torch.bool)
+            oov = int(((chunks[f] == 0) & present).sum())
+            if oov:
+                self.metrics.feature_oov.labels(name).inc(oov)
+
+
+def merge_inputs(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                 num_sparse: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Several requests' (dense, ids, lengths) as one batch, key-major as the program reads.
+
+    Lengths (F, B_r) per request are joined along the batch: (F, B_1 + B_2 + ...); ids,
+    feature after feature, take each request's run of that feature in turn.
+    """
+    if len(parts) == 1:
+        return parts[0]
+    dense = torch.cat([p[0] for p in parts])  # (B, F_dense)
+    lengths = [p[2].view(num_sparse, -1) for p in parts]  # (F, B_r) each
+    chunks = [torch.split(p[1], length.sum(1).tolist()) for p, length in zip(parts, lengths,
+                                                                              strict=True)]
+    ids = torch.cat([c[f] for f in range(num_sparse) for c in chunks])
+    return dense, ids, torch.cat(lengths, dim=1).reshape(-1)
+
+
+def encode_with_context(model: Any, columns: Mapping[str, Sequence[Any]], n_rows: int,
+                        context: Mapping[str, Any]
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Model inputs of ``n_rows`` candidates that share the ``context`` features.
+
+    The context is encoded once (one row) and its ids and dense values broadcast to every
+    candidate: the same inputs, bitwise, as encoding the merged rows, for the encoding cost
+    of the candidates' own features plus one row. (The lookups of the context's ids still
+    run once per candidate: the artifact's program takes the ids, not pooled vectors.)::
+
+        lengths (F, B):  candidate features as encoded | context features: (F_ctx, 1) -> (F_ctx, B)
+        ids:             feature after feature; a context feature's run is its row's ids x B
+
+    Raises:
+        InputError: a bad context value (``feature`` prefixed ``context.``) or candidate value.
+    """
+    contract = model.contract
+    features = {f["name"] for part in ("dense", "sparse") for f in contract[part]}
+    if not set(context) <= features:
+        # a raw column that features are derived from (Avazu's ``hour``): which features
+        # come from it is the encoder's business, so the merged rows are encoded instead
+        every_row = {**columns, **{name: [value] * n_rows for name, value in context.items()}}
+        return model_api.encode_columns(model, every_row, n_rows)
+    dense, ids, lengths = model_api.encode_columns(model, columns, n_rows)
+    try:
+        c_dense, c_ids, c_lengths = model_api.encode_columns(
+            model, {name: [value] for name, value in context.items()}, 1)
+    except model_api.InputError as exc:
+        feature = getattr(exc, "feature", None)
+        raise model_api.input_error(f"context: {exc}", feature=f"context.{feature}",
+                                    expected=getattr(exc, "expected", None)) from None
+    names = [f["name"] for f in contract["dense"]]
+    shared = [j for j, name in enumerate(names) if name in context]
+    if shared:
+        dense = dense.clone()
+        dense[:, shared] = c_dense[:, shared]  # (B, len(shared)) <- (1, len(shared))
+    num_sparse = len(contract["sparse"])
+    per_row = lengths.view(num_sparse, n_rows)  # (F, B)
+    c_per_row = c_lengths.view(num_sparse, 1)  # (F, 1)
+    chunks = torch.split(ids, per_row.sum(1).tolist())
+    c_chunks = torch.split(c_ids, c_per_row.sum(1).tolist())
+    out_ids, out_lengths = [], []
+    for f, feature in enumerate(contract["sparse"]):
+        if feature["name"] in context:
+            out_ids.append(c_chunks[f].repeat(n_rows))
+            out_lengths.append(c_per_row[f].expand(n_rows))
+        else:
+            out_ids.append(chunks[f])
+            out_lengths.append(per_row[f])
+    return dense, torch.cat(out_ids), torch.cat(out_lengths)

@@ -1,0 +1,92 @@
+"""The server's Prometheus metrics (prometheus-client, text format at ``GET /metrics``).
+
+One :class:`Metrics` per app, on its own registry (several apps in one process, as in the
+tests, do not collide). With several worker processes prometheus-client's multiprocess mode
+is used (``PROMETHEUS_MULTIPROC_DIR``, set by :func:`ctrctl.serving.server.serve` before the
+workers start): every worker writes its values to files there and ``/metrics`` sums them.
+
+Names::
+
+    ctrctl_request_duration_seconds{endpoint,status,model_version}   histogram
+    ctrctl_requests_total{endpoint,status,model_version}            counter
+    ctrctl_queue_wait_seconds{model_version}                        histogram
+    ctrctl_batch_rows{model_version}                                histogram
+    ctrctl_shed_total{reason}                                       counter (queue_full,
+                                                                    deadline, timeout, not_ready)
+    ctrctl_score{model_version}                                     histogram
+    ctrctl_feature_values_total{feature}                            counter
+    ctrctl_feature_missing_total{feature}                           counter (rate: / values)
+    ctrctl_feature_oov_total{feature}                               counter (vocabulary features)
+    ctrctl_log_rows_total / ctrctl_log_dropped_total                counters
+    ctrctl_model_info{role,model_version}                           gauge (1 = serving)
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+LATENCY_BUCKETS = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+                   0.1, 0.2, 0.5, 1.0, 2.5, 5.0)
+ROW_BUCKETS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+SCORE_BUCKETS = tuple(i / 20 for i in range(1, 20)) + (0.99,)
+
+
+def multiprocess() -> bool:
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+class Metrics:
+    """The server's metrics on one registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.duration = Histogram("ctrctl_request_duration_seconds", "Request latency.",
+                                  ["endpoint", "status", "model_version"],
+                                  buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter("ctrctl_requests", "Requests answered.",
+                                ["endpoint", "status", "model_version"], registry=r)
+        self.queue_wait = Histogram("ctrctl_queue_wait_seconds",
+                                    "Time from arrival to the start of the batch that scored "
+                                    "the request.", ["model_version"],
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_rows = Histogram("ctrctl_batch_rows", "Rows per model call.",
+                                    ["model_version"], buckets=ROW_BUCKETS, registry=r)
+        self.shed = Counter("ctrctl_shed", "Requests refused with 503 (queue full or deadline).",
+                            ["reason"], registry=r)
+        self.score = Histogram("ctrctl_score", "Scores returned.", ["model_version"],
+                               buckets=SCORE_BUCKETS, registry=r)
+        self.feature_values = Counter("ctrctl_feature_values", "Rows seen per feature.",
+                                      ["feature"], registry=r)
+        self.feature_missing = Counter("ctrctl_feature_missing",
+                                       "Rows where the feature was absent or null.",
+                                       ["feature"], registry=r)
+        self.feature_oov = Counter("ctrctl_feature_oov", "Rows whose value of a vocabulary "
+                                   "feature is not in the vocabulary.", ["feature"],
+                                   registry=r)
+        self.log_rows = Counter("ctrctl_log_rows", "Rows written to the request log.",
+                                registry=r)
+        self.log_dropped = Counter("ctrctl_log_dropped", "Rows the request log dropped "
+                                   "(queue full, or the disk refused them).", registry=r)
+        self.model_info = Gauge("ctrctl_model_info", "Model versions serving (1) by role.",
+                                ["role", "model_version"], registry=r,
+                                multiprocess_mode="liveall")
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        if multiprocess():
+            from prometheus_client import multiprocess as mp
+
+            registry = CollectorRegistry()
+            mp.MultiProcessCollector(registry)
+            return generate_latest(registry), CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

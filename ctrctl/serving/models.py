@@ -1,0 +1,137 @@
+"""The models a server holds: loading and warming, the canary split, hot reload (blue/green).
+
+A :class:`Slot` is one loaded version with its own batcher. The :class:`Router` holds the
+primary slot and an optional canary; a request goes to the canary when its id hashes into
+the canary's share (deterministic: the same id always lands on the same side). With an alias
+URI a :class:`Reloader` resolves the alias every ``poll_s``; a new version is downloaded,
+verified, loaded and warmed beside the serving one, then swapped in by one assignment; the
+old slot's batcher scores what it already queued and stops. A request that reached the old
+slot after that is sent to the new one, so none fails during a swap.
+
+Example:
+    >>> router = Router(await load_slot(source, None, config, metrics, "primary"))
+    >>> slot = router.pick(request_id)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ctrctl.inference import standalone
+from ctrctl.serving import model_api
+from ctrctl.serving.batcher import Batcher
+from ctrctl.serving.config import ServeConfig
+from ctrctl.serving.metrics import Metrics
+from ctrctl.serving.source import ModelSource, Resolved
+
+logger = logging.getLogger(__name__)
+
+WARM_ROWS = 256
+
+
+@dataclass
+class Slot:
+    role: str  # primary | canary
+    resolved: Resolved
+    model: Any
+    batcher: Batcher
+
+    @property
+    def version(self) -> str:
+        return self.resolved.version
+
+
+def _load(source: ModelSource, version: str | None, config: ServeConfig, metrics: Metrics,
+          role: str) -> tuple[Resolved, Any, Batcher]:
+    resolved = source.resolve(version)
+    model = standalone.load(str(resolved.folder))
+    batcher = Batcher(model, metrics, resolved.version, max_batch_rows=config.max_batch_rows,
+                      max_wait_s=config.max_wait_ms / 1000.0,
+                      max_queue_rows=config.max_queue_rows)
+    rows = min(WARM_ROWS, config.max_batch_rows)
+    batcher.warm({name: [None] * rows for name in model_api.input_columns(model)}, rows)
+    return resolved, model, batcher
+
+
+async def load_slot(source: ModelSource, version: str | None, config: ServeConfig,
+                    metrics: Metrics, role: str) -> Slot:
+    """Resolve, verify, load and warm a model off the event loop; start its batcher."""
+    resolved, model, batcher = await asyncio.to_thread(_load, source, version, config,
+                                                       metrics, role)
+    batcher.start()
+    metrics.model_info.labels(role, resolved.version).set(1)
+    logger.info("%s model %s version %s loaded from %s", role, resolved.name,
+                resolved.version, resolved.folder)
+    return Slot(role, resolved, model, batcher)
+
+
+def canary_bucket(request_id: str) -> float:
+    """A request id's place in [0, 100): the same id, the same place."""
+    digest = hashlib.blake2b(request_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % 10_000 / 100.0
+
+
+class Router:
+    """The serving slots and the canary split."""
+
+    def __init__(self, primary: Slot, canary: Slot | None = None,
+                 canary_percent: float = 0.0) -> None:
+        self.slots: dict[str, Slot] = {"primary": primary}
+        if canary is not None:
+            self.slots["canary"] = canary
+        self.canary_percent = canary_percent
+
+    def pick(self, request_id: str) -> Slot:
+        canary = self.slots.get("canary")
+        if canary is not None and canary_bucket(request_id) < self.canary_percent:
+            return canary
+        return self.slots["primary"]
+
+    async def swap(self, new: Slot, metrics: Metrics) -> None:
+        """Serve ``new`` in its role from now on; drain and stop the slot it replaces."""
+        old = self.slots[new.role]
+        self.slots[new.role] = new
+        await old.batcher.stop()
+        metrics.model_info.labels(old.role, old.version).set(0)
+        logger.info("%s model swapped: version %s -> %s", new.role, old.version, new.version)
+
+    async def stop(self) -> None:
+        for slot in self.slots.values():
+            await slot.batcher.stop()
+
+
+class Reloader:
+    """Polls the registry for each alias URI and swaps in new versions."""
+
+    def __init__(self, router: Router, sources: dict[str, ModelSource], config: ServeConfig,
+                 metrics: Metrics) -> None:
+        self.router = router
+        self.sources = {role: s for role, s in sources.items() if s.is_alias}
+        self.config = config
+        self.metrics = metrics
+        self.swaps = 0
+
+    async def run(self) -> None:
+        if not self.sources or self.config.poll_s <= 0:
+            return
+        while True:
+            await asyncio.sleep(self.config.poll_s)
+            for role, source in self.sources.items():
+                try:
+                    await self.check(role, source)
+                except Exception as exc:  # the registry away, a bad new version: keep serving
+                    logger.warning("reload of %s failed, still serving version %s: %s",
+                                   source.uri, self.router.slots[role].version, exc)
+
+    async def check(self, role: str, source: ModelSource) -> bool:
+        version = await asyncio.to_thread(source.current_version)
+        if version == self.router.slots[role].version:
+            return False
+        new = await load_slot(source, version, self.config, self.metrics, role)
+        await self.router.swap(new, self.metrics)
+        self.swaps += 1
+        return True
