@@ -37,6 +37,9 @@ def serve_command(
         help="MLflow store of models:/ URIs (default: MLFLOW_TRACKING_URI).")] = None,
     cache_dir: Annotated[Path | None, typer.Option(
         help="Where registry models are downloaded (default ~/.cache/ctrctl/models).")] = None,
+    verify: Annotated[Path | None, typer.Option(
+        "--verify", help="Key file: serve only models signed with it "
+        "(`ctrctl quantize --sign`).")] = None,
 ) -> None:
     """Serve click probabilities over HTTP: /v1/score, /v1/rank, /metrics (docs/serving.md)."""
     from ctrctl.cli.common import console
@@ -49,7 +52,8 @@ def serve_command(
         max_rows_per_request=max_rows_per_request, max_queue_rows=max_queue_rows,
         log_dir=str(log_dir) if log_dir else None, canary=canary,
         canary_percent=canary_percent, poll_s=poll_s, tracking_uri=tracking_uri,
-        cache_dir=str(cache_dir) if cache_dir else None)
+        cache_dir=str(cache_dir) if cache_dir else None,
+        verify_key=str(verify) if verify else None)
     serve(config, announce=lambda line: console.print(line, highlight=False))
 
 

@@ -34,6 +34,8 @@ class ServeConfig:
         tracking_uri: the MLflow store of ``models:/`` URIs.
         cache_dir: where registry models are downloaded (None: ~/.cache/ctrctl/models).
         threads: torch threads per worker (None: cores / workers).
+        verify_key: a key file: every model served must carry a signature made with it
+            (``ctrctl quantize --sign``); None: no signature needed.
     """
 
     model: str
@@ -52,6 +54,7 @@ class ServeConfig:
     tracking_uri: str | None = None
     cache_dir: str | None = None
     threads: int | None = None
+    verify_key: str | None = None
 
     def __post_init__(self) -> None:
         checks = [

@@ -48,7 +48,7 @@ class Slot:
 def _load(source: ModelSource, version: str | None, config: ServeConfig, metrics: Metrics,
           role: str) -> tuple[Resolved, Any, Batcher]:
     resolved = source.resolve(version)
-    model = standalone.load(str(resolved.folder))
+    model = standalone.load(str(resolved.folder), verify_key=config.verify_key)
     batcher = Batcher(model, metrics, resolved.version, max_batch_rows=config.max_batch_rows,
                       max_wait_s=config.max_wait_ms / 1000.0,
                       max_queue_rows=config.max_queue_rows)

@@ -25,6 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from ctrctl.inference import standalone
+from ctrctl.inference.export import signing_key
+from ctrctl.modules import native
 from ctrctl.serving.config import ENV, ServeConfig
 from ctrctl.serving.source import ModelSource
 
@@ -47,6 +50,9 @@ def check_models(config: ServeConfig) -> list[str]:
         if uri is None:
             continue
         resolved = ModelSource.parse(uri, config.tracking_uri, cache).resolve()
+        if config.verify_key is not None:
+            standalone.verify(str(resolved.folder),
+                              verify_key=signing_key(config.verify_key))
         lines.append(f"{role}: {resolved.name} version {resolved.version} ({resolved.folder})")
     return lines
 
@@ -80,6 +86,7 @@ def serve(config: ServeConfig, announce: Callable[[str], None] | None = None) ->
     say = announce or logger.info
     for line in check_models(config):
         say(f"serving {line}")
+    native.log_report(logger)
     say(f"on http://{config.host}:{config.port} ({config.workers} worker(s)); "
         "ready when /readyz answers 200")
     options = {"host": config.host, "port": config.port, "log_level": "warning",
