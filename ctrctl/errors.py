@@ -60,6 +60,10 @@ class OutputLocationError(CtrctlError):
     """An output path cannot be written: it is a file, or its folder is not writable."""
 
 
+class DiskRefusedError(OutputLocationError):
+    """The disk refused a write of an output (full, over quota, read-only)."""
+
+
 class OutputLockedError(CtrctlError):
     """Another process is writing the same output."""
 

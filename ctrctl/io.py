@@ -50,6 +50,7 @@ from typing import Any
 from ctrctl.errors import (
     ConfigError,
     CtrctlError,
+    DiskRefusedError,
     FormatError,
     OutputExistsError,
     OutputLocationError,
@@ -501,28 +502,27 @@ def write_failure(exc: BaseException) -> str | None:
 
 @contextmanager
 def writing(out: str | Path, kept: str = "nothing partial was left") -> Iterator[None]:
-    """Turn a full, over-quota or read-only disk under ``out`` into one error naming ``out``.
-
-    Wrap the code that writes ``out`` (and cleans up its temp files when it fails): what
-    reaches the user is the output and the reason, not the input that was being read when
-    the disk filled, nor a library's traceback.
+    """Turn a full, over-quota or read-only disk under ``out`` into one error naming ``out``
+    (not the input being read when the disk filled, nor a library's traceback). Wrap the code
+    that writes ``out`` and cleans up its temp files when it fails.
 
     Args:
         out: the output the command writes.
         kept: what is left on disk, for the message ("the previous checkpoint is kept").
 
     Raises:
-        OutputLocationError: the disk refused a write.
+        DiskRefusedError: the disk refused a write (an OutputLocationError).
     """
     try:
         yield
     except Exception as exc:
         reason = write_failure(exc)
-        if reason is None:
+        # One naming the file it could not write (a cached table's) stays; a nested
+        # writing's (a temp folder's) is said as ``out``'s.
+        if reason is None or type(exc) is OutputLocationError:
             raise
-        raise OutputLocationError(f"cannot write the output: {reason} ({kept})",
-                                  where=str(out),
-                                  hint="free space there or choose another --out") from exc
+        raise DiskRefusedError(f"cannot write the output: {reason} ({kept})", where=str(out),
+                               hint="free space there or choose another --out") from exc
 
 
 @dataclass(frozen=True)

@@ -84,12 +84,16 @@ class _Client:
         self.sent.append((name, value))
 
     def get_experiment_by_name(self, name: str) -> Any:
-        return SimpleNamespace(experiment_id="1")
+        return SimpleNamespace(experiment_id="1", tags={})
+
+    def set_experiment_tag(self, experiment_id: str, key: str, value: str) -> None:
+        pass
 
     def create_run(self, experiment_id: str, **kwargs: Any) -> Any:
         return SimpleNamespace(info=SimpleNamespace(run_id="r1"))
 
-    def log_batch(self, run_id: str, metrics: Any = (), params: Any = ()) -> None:
+    def log_batch(self, run_id: str, metrics: Any = (), params: Any = (),
+                  synchronous: bool = True) -> None:
         self._call("log_batch", [m.key for m in metrics] or [p.key for p in params])
 
     def log_artifact(self, run_id: str, path: str, artifact_path: str | None = None) -> None:

@@ -51,7 +51,11 @@ class ScoresWriter:
         tmp = str(self._tmp)
         fields = [pa.field("label", pa.int8())] if labels else []
         self._schema = pa.schema([*fields, pa.field("score", pa.float32())])
-        self._writer = pq.ParquetWriter(tmp, self._schema)
+        try:
+            self._writer = pq.ParquetWriter(tmp, self._schema)
+        except BaseException:  # a full disk already: no temp file stays
+            self._tmp.unlink(missing_ok=True)
+            raise
         self._labels: list[np.ndarray] = []
         self._scores: list[np.ndarray] = []
         self._rows = 0
