@@ -571,9 +571,9 @@ def train(
             run.log_metrics({"train.samples_per_s_total": rate}, step=trainer.step)
             # The kept model's validation (the best step's when its weights were restored),
             # logged last at the final step, so MLflow's runs list shows it, not the last one.
-            kept = {k: v for k, v in result.metrics.items() if k.startswith("val.")}
-            if kept:
-                run.log_metrics(kept, step=trainer.step)
+            kept_val = {k: v for k, v in result.metrics.items() if k.startswith("val.")}
+            if kept_val:
+                run.log_metrics(kept_val, step=trainer.step)
             if summary["best_step"] is not None:
                 run.log_metrics({"early_stopping.best_step": float(summary["best_step"])},
                                 step=trainer.step)
