@@ -485,6 +485,7 @@ def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *
         if log_model and getattr(tracker, "enabled", False) and run.run_id:
             from ctrctl.inference.pyfunc import log_pyfunc_model
 
-            log_pyfunc_model(out, run_id=run.run_id,
-                             tracking_uri=getattr(tracker, "tracking_uri", None))
+            logged = log_pyfunc_model(out, run_id=run.run_id,
+                                      tracking_uri=getattr(tracker, "tracking_uri", None))
+            quantized.model_uri = getattr(logged, "model_uri", None)
     return quantized

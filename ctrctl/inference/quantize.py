@@ -107,6 +107,8 @@ class QuantizedModel:
         checkpoint: the checkpoint's step folder.
         table_report: per table: name, rows, dim, dtype, FP32 and quantized bytes, shard.
         training_run_id: the MLflow run that trained the checkpoint, if it recorded one.
+        model_uri: the MLflow model logged from the export (``quantize_to_artifact`` with
+            tracking on), else None.
     """
 
     model: ShardedDLRM
@@ -117,6 +119,7 @@ class QuantizedModel:
     checkpoint: Path | None = None
     table_report: list[dict[str, Any]] = field(default_factory=list)
     training_run_id: str | None = None
+    model_uri: str | None = None
 
     @property
     def fp32_bytes(self) -> int:

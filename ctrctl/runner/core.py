@@ -69,7 +69,8 @@ class RunResult:
         config: the resolved config.
         outcomes: one per step, in order.
         parent_run_id: the MLflow parent run (None without tracking).
-        model_uri: the registered version (``models:/NAME/VERSION``), when registered.
+        model_uri: the registered version (``models:/NAME/VERSION``) when registered, else
+            the model the quantize step logged with tracking on.
         gates_passed: every eval gate held (True when there are none).
     """
 
@@ -197,7 +198,9 @@ def _run_locked(cfg: PipelineConfig, source: str | None, overrides: Sequence[str
                            parent_run_id=parent.run_id)
         evaluated = ctx.summaries.get("eval", {})
         result.gates_passed = bool(evaluated.get("gates_passed", True))
-        result.model_uri = ctx.summaries.get("register", {}).get("model_uri")
+        # The registered version, else the model the quantize step logged (runs:/ or models:/).
+        result.model_uri = (ctx.summaries.get("register", {}).get("model_uri")
+                            or ctx.summaries.get("quantize", {}).get("model_uri"))
         # The verdict beside the timings, so runs compare in MLflow's runs list.
         scores = {f"eval.{k}": v for k, v in evaluated.items()
                   if isinstance(v, (int, float)) and not isinstance(v, bool)}

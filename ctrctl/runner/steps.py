@@ -252,7 +252,8 @@ def _quantize(ctx: Context, resume: bool) -> dict[str, Any]:
                                      overwrite=True, tracker=ctx.tracker,
                                      log_model=ctx.tracker.enabled)
     return {"bytes.ratio": quantized.quantized_bytes / max(quantized.fp32_bytes, 1),
-            "bytes.quantized": quantized.quantized_bytes}
+            "bytes.quantized": quantized.quantized_bytes,
+            **({"model_uri": quantized.model_uri} if quantized.model_uri else {})}
 
 
 # ---- register --------------------------------------------------------------------------

@@ -24,7 +24,7 @@ def test_train_run_shows_the_kept_weights_and_the_parent_the_verdict(tmp_path: P
                  "training.early_stopping.min_delta=10", "training.early_stopping.patience=99")
     tracker = make_tracker(enabled=True, tracking_uri=uri, experiment="kept")
     result = run_pipeline(DEMO, overrides, workdir=tmp_path / "work", tracker=tracker,
-                          tracking_uri=uri, until_step="eval")
+                          tracking_uri=uri, until_step="quantize")
 
     saved = json.loads((tmp_path / "work" / "train" / "metrics.json").read_text())
     validations = [h for h in saved["history"] if "val.logloss" in h]
@@ -44,3 +44,6 @@ def test_train_run_shows_the_kept_weights_and_the_parent_the_verdict(tmp_path: P
     assert parent.data.metrics["eval.auc"] == evaluated["auc"]
     assert parent.data.metrics["eval.gates_passed"] == float(evaluated["gates_passed"])
     assert parent.data.tags["ctrctl.gates.passed"] == str(result.gates_passed).lower()
+    # no register step: the parent names the model the quantize step logged
+    assert parent.data.tags["ctrctl.model_uri"] == result.model_uri
+    assert result.model_uri and result.model_uri.split(":/")[0] in ("runs", "models")
