@@ -142,17 +142,22 @@ def start_server(model: str | Path, *args: str, env: dict[str, str] | None = Non
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     server = Server(f"http://127.0.0.1:{port}", process)
+    # Each worker answers /readyz for itself and the kernel spreads connections over them:
+    # with several, ready means many answers in a row (a worker still loading answers 503).
+    workers = int(args[args.index("--workers") + 1]) if "--workers" in args else 1
+    needed, in_a_row = (1 if workers == 1 else 10 * workers), 0
     deadline = time.monotonic() + ready_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise AssertionError(f"the server exited {process.returncode}: "
                                  f"{process.communicate()[0]}")
         try:
-            if server.get("/readyz")[0] == 200:
-                return server
+            in_a_row = in_a_row + 1 if server.get("/readyz")[0] == 200 else 0
         except OSError:
-            pass
-        time.sleep(0.2)
+            in_a_row = 0
+        if in_a_row >= needed:
+            return server
+        time.sleep(0.2 if in_a_row == 0 else 0.01)
     server.stop()
     raise AssertionError("the server did not become ready")
 
