@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -40,6 +39,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from ctrctl.modules.native import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -109,16 +110,6 @@ def mflop_per_candidate(export: Path) -> float:
     dim = max(int(t["dim"]) for t in manifest["tables"])
     flops += features * features * dim  # the Gram matrix's pairs (half of 2 F^2 D)
     return flops / 1e6
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def free_port() -> int:
@@ -336,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT),
            "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
-    result: dict[str, Any] = {"cpu": cpu_name(), "cores": os.cpu_count(),
+    result: dict[str, Any] = {"cpu": cpu_model(), "cores": os.cpu_count(),
                               "load_before": os.getloadavg()}
     try:
         paths = build_model(work, args.rows)

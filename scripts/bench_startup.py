@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ctrctl.modules.native import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 #: The target of the start-up work: a tracked command ready to work within this many seconds.
 TARGET_S = 2.0
@@ -40,16 +42,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the ctrctl checkout to run (default: this one)")
     parser.add_argument("--python", default=sys.executable, help="the interpreter to run")
     return parser.parse_args(argv)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def load_average() -> str:

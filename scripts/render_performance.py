@@ -37,6 +37,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctrctl.modules.native import cpu_model
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 PAGE = REPO / "docs" / "performance.md"
@@ -48,17 +50,6 @@ FORMAT = 1
 
 
 # ---- writing a result (the benchmark scripts call these) --------------------------------
-def cpu_model() -> str:
-    """The CPU's model name as the kernel reports it."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or NOT_RECORDED
-
-
 def cpu_family() -> tuple[str, str]:
     """(folder name, readable name) of this CPU's family: ratios differ between families."""
     try:

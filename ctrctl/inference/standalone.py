@@ -24,6 +24,7 @@ Folder::
     serving.py               this loader
     serving_encoder.py       raw columns -> model inputs (loaded by the loader)
     serving_timestamps.py    timestamp columns -> derived features (loaded by the encoder)
+    serving_program.py       program.pt2's checks (before torch reads it) and the compiler
 
 Nothing runs from the folder but this file: every file in it must be listed in the manifest,
 no listed path may leave it, only regular files are opened, and ``program.pt2`` is checked
@@ -89,42 +90,33 @@ class InputError(ArtifactError, ValueError):
         self.feature, self.row, self.expected = feature, row, expected
 
 
-#: The encoder beside this loader: ``serving_encoder.py`` in an artifact, the package's
-#: ``standalone_encoder.py`` otherwise. Loaded by file path, never from ``sys.path``.
+#: The modules beside this loader, each ``serving_X.py`` in an artifact and the package's
+#: ``standalone_X.py`` otherwise, loaded once from their text (never from ``sys.path``): the
+#: encoder (raw columns -> model inputs) and the program's checks and compiler.
 ENCODER_FILES = ("serving_encoder.py", "standalone_encoder.py")
-_encoder = None
+PROGRAM_FILES = ("serving_program.py", "standalone_program.py")
+_siblings = {}
+
+
+def _sibling(files):
+    if files not in _siblings:
+        here = os.path.dirname(os.path.abspath(__file__))
+        path = next((os.path.join(here, n) for n in files
+                     if os.path.isfile(os.path.join(here, n))), None)
+        if path is None:
+            raise ArtifactError(f"{here}: no {files[0]} beside the loader")
+        _siblings[files] = run_source("_ctrctl_" + files[0][:-3], path)
+    return _siblings[files]
 
 
 def encoder_module():
-    """The encoder module beside this file (loaded once)."""
-    global _encoder
-    if _encoder is None:
-        here = os.path.dirname(os.path.abspath(__file__))
-        path = next((os.path.join(here, n) for n in ENCODER_FILES
-                     if os.path.isfile(os.path.join(here, n))), None)
-        if path is None:
-            raise ArtifactError(f"{here}: no {ENCODER_FILES[0]} beside the loader")
-        _encoder = run_source("_ctrctl_serving_encoder", path)
-    return _encoder
-
-
-#: The program's checks and compiler beside this loader: ``serving_program.py`` in an
-#: artifact, the package's ``standalone_program.py`` otherwise.
-PROGRAM_FILES = ("serving_program.py", "standalone_program.py")
-_program = None
+    """The encoder module beside this file."""
+    return _sibling(ENCODER_FILES)
 
 
 def program_module():
-    """The program module beside this file (loaded once, from its text)."""
-    global _program
-    if _program is None:
-        here = os.path.dirname(os.path.abspath(__file__))
-        path = next((os.path.join(here, n) for n in PROGRAM_FILES
-                     if os.path.isfile(os.path.join(here, n))), None)
-        if path is None:
-            raise ArtifactError(f"{here}: no {PROGRAM_FILES[0]} beside the loader")
-        _program = run_source("_ctrctl_serving_program", path)
-    return _program
+    """The program's checks and compiler beside this file."""
+    return _sibling(PROGRAM_FILES)
 
 
 def run_source(name, path):
