@@ -43,7 +43,7 @@ NOCC_DIR ?= build/nocc
 test-nocc:
 	rm -rf $(NOCC_DIR) && mkdir -p $(NOCC_DIR)
 	git ls-files --cached --others --exclude-standard -z | grep -zv '^$(NOCC_DIR)/' \
-		| xargs -0 cp --parents -t $(NOCC_DIR)
+		| xargs -0 cp -P --parents -t $(NOCC_DIR)
 	cd $(NOCC_DIR) && $(PYTHON) -m venv .venv \
 		&& .venv/bin/python -m pip install --quiet --upgrade pip \
 		&& CC=/bin/false CXX=/bin/false .venv/bin/python -m pip install --quiet \
