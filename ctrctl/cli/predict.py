@@ -67,7 +67,9 @@ def predict_command(
         run.log_metrics({"rows": result.rows, "seconds": result.seconds,
                          "rows_per_s": result.rows_per_s})
     console.print(f"scored {result.rows:,} rows in {result.seconds:.2f} s "
-                  f"({result.rows_per_s:,.0f} rows/s) -> {result.out}", markup=False)
+                  f"({result.rows_per_s:,.0f} rows/s) -> {result.out}"
+                  + ("" if result.has_labels else " (scores only: the input has no labels)"),
+                  markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -73,7 +73,9 @@ def test_logs_without_labels_score_as_with_them(criteo: Exported, tmp_path: Path
     for raw, out in ((labeled, with_labels), (unlabeled, without)):
         code = main(["predict", "--model", str(criteo.export), "--input", str(raw),
                      "--out", str(out), "--no-track"])
-        assert code == 0, capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert code == 0, err
+    assert "scores only" in err
     assert pq.read_table(with_labels).column_names == ["label", "score"]
     assert pq.read_table(without).column_names == ["score"]
     assert pq.read_table(without).num_rows == len(lines)
