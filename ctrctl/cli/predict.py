@@ -27,7 +27,8 @@ def predict_command(
         help="Preprocessed dataset with the model's transforms.")] = None,
     split: Annotated[str, typer.Option(help="Split of --dataset to score.")] = "test",
     input: Annotated[Path | None, typer.Option(
-        "--input", help="Raw logs in the model's schema (instead of --dataset).")] = None,
+        "--input", help="Raw logs in the model's schema (instead of --dataset); logs "
+        "without the label column score to a score-only file.")] = None,
     batch_size: Annotated[int, typer.Option(help="Rows per scoring batch.")] = 8192,
     compile: Annotated[bool, typer.Option(
         "--compile", help="Compile the program for this machine first (TorchInductor, needs a "
@@ -41,7 +42,8 @@ def predict_command(
     no_track: NoTrack = False,
     experiment: Experiment = "ctrctl",
 ) -> None:
-    """Write label + score Parquet (what `ctrctl eval --predictions` reads)."""
+    """Write label + score Parquet (what `ctrctl eval --predictions` reads); score only for
+    raw logs without labels."""
     from ctrctl.errors import ConfigError
     from ctrctl.inference.predictor import predict_dataset, predict_raw
 
@@ -65,7 +67,9 @@ def predict_command(
         run.log_metrics({"rows": result.rows, "seconds": result.seconds,
                          "rows_per_s": result.rows_per_s})
     console.print(f"scored {result.rows:,} rows in {result.seconds:.2f} s "
-                  f"({result.rows_per_s:,.0f} rows/s) -> {result.out}", markup=False)
+                  f"({result.rows_per_s:,.0f} rows/s) -> {result.out}"
+                  + ("" if result.has_labels else " (scores only: the input has no labels)"),
+                  markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -172,10 +172,16 @@ def _fields(line: bytes, sep: str) -> list[str]:
     return line.rstrip(b"\r\n").decode("utf-8", errors="replace").split(sep)
 
 
-def _detect_header(schema: Schema, first: list[str], path: Path) -> bool:
-    names = [c.name for c in schema.columns]
+def _read_names(schema: Schema, labeled: bool) -> list[str]:
+    """The columns a file holds, in file order: all of the schema's, or all but the label."""
+    return [c.name for c in schema.columns if labeled or c.role != "label"]
+
+
+def _detect_header(schema: Schema, first: list[str], path: Path, labeled: bool = True) -> bool:
+    names = _read_names(schema, labeled)
     if schema.header == "auto":
-        has_header = schema.label in first
+        # an unlabeled file's header has no label name: any of its column names marks it
+        has_header = schema.label in first or (not labeled and bool(set(first) & set(names)))
     else:
         has_header = bool(schema.header)
     if has_header and first != names:
@@ -192,15 +198,51 @@ def _detect_header(schema: Schema, first: list[str], path: Path) -> bool:
     return has_header
 
 
-def scan_input(schema: Schema, path: Path) -> ScannedInput:
+def has_label_column(schema: Schema, path: Path) -> bool:
+    """Whether the raw logs ``path`` hold the schema's label column (serving logs may not).
+
+    A Parquet file names its columns; a CSV/TSV header lacks the label's name; a headerless
+    file's rows have one field fewer than the schema's columns (Criteo's unlabeled test.txt:
+    39 fields, not 40): its first row, with no row of the first MiB having all of them.
+    libfm rows always start with their label.
+    """
+    check_file(path)
+    if schema.format == "libfm":
+        return True
+    if schema.format == "parquet":
+        try:
+            return schema.label in pl.scan_parquet(path).collect_schema().names()
+        except pl.exceptions.PolarsError:
+            return True  # scan_input reports the unreadable file
+    pieces = _sample(path).split(b"\n")
+    if len(pieces) > 1 and pieces[-1]:
+        pieces.pop()  # the sample may cut its last line
+    lines = [line for line in pieces if line.strip()]
+    if not lines:
+        return True
+    first = _fields(lines[0], schema.sep)
+    if schema.label in first:
+        return True
+    if schema.header is True or (schema.header == "auto"
+                                 and set(first) & set(_read_names(schema, False))):
+        return False  # a header without the label's name
+    full = len(schema.columns)
+    return not (len(first) == full - 1
+                and all(len(_fields(line, schema.sep)) < full for line in lines))
+
+
+def scan_input(schema: Schema, path: Path, *, labeled: bool = True) -> ScannedInput:
     """A lazy scan of one input with every schema column as a nullable string.
+
+    ``labeled=False`` reads logs without the label column (:func:`has_label_column`): the
+    other columns in the schema's order, and no label column in the frame.
 
     Raises:
         InputDataError: the file is missing or has no data rows.
         SchemaError: its header or field count does not match the schema.
     """
     check_file(path)
-    names = [c.name for c in schema.columns]
+    names = _read_names(schema, labeled)
     if schema.format == "parquet":
         frame = pl.scan_parquet(path)
         try:
@@ -221,7 +263,7 @@ def scan_input(schema: Schema, path: Path) -> ScannedInput:
     if not sample.strip():
         raise InputDataError("input has no data rows", where=str(path))
     first = _fields(lines[0], schema.sep)
-    has_header = _detect_header(schema, first, path)
+    has_header = _detect_header(schema, first, path, labeled)
     data_lines = [line for line in lines[1 if has_header else 0 :] if line.strip()]
     if not data_lines:
         raise InputDataError("input has a header but no data rows", where=str(path))
@@ -251,20 +293,21 @@ def scan_input(schema: Schema, path: Path) -> ScannedInput:
     if schema.format == "libfm":
         frame = frame.with_columns(_libfm_field(c) for c in schema.columns
                                    if c.role in ("dense", "sparse"))
-    short = _short_rows(path, schema, 1 if has_header else 0) if schema.format == "tsv" else []
+    short = (_short_rows(path, schema, 1 if has_header else 0, len(names))
+             if schema.format == "tsv" else [])
     frame = frame.with_row_index(ROW).with_columns(
         (pl.col(ROW).is_in(short) if short else pl.lit(False)).alias(SHORT))
     return ScannedInput(frame, 1 if has_header else 0, estimated)
 
 
-def _short_rows(path: Path, schema: Schema, skip_lines: int) -> list[int]:
+def _short_rows(path: Path, schema: Schema, skip_lines: int, columns: int) -> list[int]:
     """The rows of a TSV input with fewer fields than the schema's columns.
 
     The CSV reader fills absent trailing fields exactly as empty ones, so a row cut short
     would read as missing values: count each line's separators instead (one streaming pass;
     TSV has no quoting, so every separator ends a field).
     """
-    full = len(schema.columns) - 1  # separators in a whole row
+    full = columns - 1  # separators in a whole row
     lines = pl.scan_csv(path, has_header=False, skip_lines=skip_lines, separator="\x1f",
                         quote_char=None, schema={"line": pl.String}, extra_columns="ignore",
                         empty_string_is_null=False)

@@ -189,6 +189,11 @@ def predictions_scores(
     handles = [_parquet(f) for f in files]
     names = set(handles[0].schema_arrow.names)
     base = ["label", "score"] + (["weight"] if "weight" in names else [])
+    if "score" in names and "label" not in names:
+        raise DatasetError("the predictions file has scores but no labels (scored from "
+                           "logs without a label column): evaluation needs labels",
+                           where=str(files[0]),
+                           hint="score labeled logs or a labeled split with `ctrctl predict`")
     _check_columns(files, base)
     for f, handle in zip(files, handles, strict=True):
         _check_numeric(f, handle.schema_arrow, base)

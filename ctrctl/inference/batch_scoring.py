@@ -98,8 +98,11 @@ class ScoresWriter:
 
 
 def score_raw(serving: Any, schema: Schema, raw: Path, batch_size: int,
-              writer: ScoresWriter) -> int:
+              writer: ScoresWriter, *, labeled: bool = True) -> int:
     """Score raw logs chunk by chunk with the artifact's encoder; the rows scored.
+
+    ``labeled=False``: the logs have no label column (serving logs); ``writer`` then
+    writes scores only (``ScoresWriter(labels=False)``).
 
     Raises:
         DatasetError: a row with too many fields, a bad label or a bad value (naming the
@@ -109,9 +112,11 @@ def score_raw(serving: Any, schema: Schema, raw: Path, batch_size: int,
 
     from ctrctl.data.readers import reading, scan_input
 
-    scan = scan_input(schema, raw)
+    scan = scan_input(schema, raw, labeled=labeled)
     label = next(c for c in schema.columns if c.role == "label")
-    value, bad = label_value(label, schema.label_rule)
+    value, bad = label_value(label, schema.label_rule) if labeled else (
+        pl.lit(None, pl.Int8), pl.lit(False))
+    columns_read = len(schema.columns) - (0 if labeled else 1)
     wanted = list(serving.input_columns())
     rows = 0
     with reading(raw):
@@ -121,7 +126,7 @@ def score_raw(serving: Any, schema: Schema, raw: Path, batch_size: int,
             line = _first_bad_line(chunk, scan.header_lines)
             if line is not None:
                 kind, at = line
-                raise DatasetError(f"{kind} (the model's schema has {len(schema.columns)} "
+                raise DatasetError(f"{kind} (the model's schema has {columns_read} "
                                    "columns)" if kind == "too many fields" else kind,
                                    where=f"{raw}:{at}",
                                    hint="fix the row, or score with preprocess's "
@@ -138,7 +143,7 @@ def score_raw(serving: Any, schema: Schema, raw: Path, batch_size: int,
                 raise DatasetError(message, where=where,
                                    hint="the value is not what the model's schema reads"
                                    ) from None
-            writer.write(chunk.get_column("__label").to_numpy(), scores)
+            writer.write(chunk.get_column("__label").to_numpy() if labeled else None, scores)
             rows += chunk.height
     return rows
 

@@ -4,7 +4,8 @@
 ``ctrctl eval`` uses.) A serving artifact (``ctrctl quantize`` output) scores a preprocessed split
 whose transforms are the model's (:func:`predict_dataset`) or raw logs, which go through
 the same transforms first (:func:`predict_raw`); scores are written with labels as a
-predictions Parquet file (``label``, ``score``) that ``ctrctl eval --predictions`` reads.
+predictions Parquet file (``label``, ``score``) that ``ctrctl eval --predictions`` reads
+(raw logs without a label column: ``score`` only).
 
 Example:
     >>> predict_dataset("export", "dataset", "test", "scores.parquet").rows_per_s
@@ -187,6 +188,11 @@ def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
       (:func:`ctrctl.inference.batch_scoring.score_raw`); no temporary dataset; a bad row
       stops it, naming file, line and column (``on_bad_rows`` must be ``error``).
 
+    Logs without the label column (serving logs, as Criteo's unlabeled test.txt: 39 fields,
+    not 40; a header without the label's name;
+    :func:`ctrctl.data.readers.has_label_column`) score through the encoder, whichever
+    ``via``, into a scores file with no ``label`` column (``has_labels`` False).
+
     ``verify_key`` requires the artifact's signature, checked before its transforms are
     read.
     """
@@ -206,18 +212,25 @@ def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
         raise DatasetError("the artifact records no dataset transforms", where=str(model_dir),
                            hint="score a preprocessed split with --dataset instead")
     started = time.perf_counter()
-    if via == "encoder":
+    recorded = DatasetManifest.load(transforms)
+    labeled = _has_labels(recorded, Path(raw))
+    if via == "encoder" or not labeled:
         from ctrctl.data.schema import Schema
 
-        recorded = DatasetManifest.load(transforms)
-        if on_bad_rows != "error" or not recorded.schema.get("columns"):
-            raise DatasetError("the encoder path stops at a bad row and needs the model's "
-                               "schema", where=str(model_dir), hint="use via='preprocess'")
+        if not recorded.schema.get("columns"):
+            raise DatasetError("the encoder path needs the model's schema",
+                               where=str(model_dir), hint="use via='preprocess'"
+                               if labeled else "score a preprocessed split with --dataset")
+        if on_bad_rows != "error":
+            raise DatasetError("the encoder path stops at a bad row" if labeled else
+                               "logs without labels score row by row and stop at a bad row",
+                               where=str(raw), hint="use via='preprocess'" if labeled else
+                               "score with on_bad_rows='error'")
         serving = load_artifact(model_dir, compile=compile, verify_key=verify_key)
-        with writing(out), ScoresWriter(out, overwrite=overwrite) as writer:
+        with writing(out), ScoresWriter(out, overwrite=overwrite, labels=labeled) as writer:
             rows = score_raw(serving, Schema.from_dict(recorded.schema), Path(raw),
-                             batch_size, writer)
-        return PredictResult(out, rows, time.perf_counter() - started, True)
+                             batch_size, writer, labeled=labeled)
+        return PredictResult(out, rows, time.perf_counter() - started, labeled)
     from ctrctl.data.preprocess import preprocess
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -236,3 +249,13 @@ def predict_raw(model_dir: str | Path, raw: str | Path, out: str | Path, *,
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return PredictResult(out, result.rows, time.perf_counter() - started, True)
+
+
+def _has_labels(recorded: DatasetManifest, raw: Path) -> bool:
+    """Whether the raw logs hold the model's label column (True without a recorded schema)."""
+    from ctrctl.data.readers import has_label_column
+    from ctrctl.data.schema import Schema
+
+    if not recorded.schema.get("columns"):
+        return True
+    return has_label_column(Schema.from_dict(recorded.schema), raw)
