@@ -95,7 +95,7 @@ class InputError(ArtifactError, ValueError):
 #: encoder (raw columns -> model inputs) and the program's checks and compiler.
 ENCODER_FILES = ("serving_encoder.py", "standalone_encoder.py")
 PROGRAM_FILES = ("serving_program.py", "standalone_program.py")
-_siblings = {}
+_siblings: dict = {}  # files -> the module run from them
 
 
 def _sibling(files):
