@@ -2,8 +2,9 @@
 
 CSV/TSV inputs (plain or gzip) are scanned lazily with every column as a string and one extra
 column that is non-null only on rows with more fields than the schema; a row with fewer
-fields is flagged in ``__short`` (TSV: counted in a first pass over the lines, as the CSV
-reader reads absent trailing fields as empty ones), and becomes a bad row.
+fields is flagged in ``__short`` (counted in a first pass over the lines, as the CSV reader
+reads absent trailing fields as empty ones; CSV lines with quotes are not counted), and
+becomes a bad row.
 Parquet inputs are scanned by column name and cast to strings, so that both go through the
 same validation. libfm inputs (``label idx:value ...``, space-separated, e.g. Frappe) are read
 as space-separated fields and each ``idx:value`` field is cut to its index (sparse columns) or
@@ -294,27 +295,31 @@ def scan_input(schema: Schema, path: Path, *, labeled: bool = True) -> ScannedIn
         frame = frame.with_columns(_libfm_field(c) for c in schema.columns
                                    if c.role in ("dense", "sparse"))
     short = (_short_rows(path, schema, 1 if has_header else 0, len(names))
-             if schema.format == "tsv" else [])
+             if schema.format in ("tsv", "csv") else [])
     frame = frame.with_row_index(ROW).with_columns(
         (pl.col(ROW).is_in(short) if short else pl.lit(False)).alias(SHORT))
     return ScannedInput(frame, 1 if has_header else 0, estimated)
 
 
 def _short_rows(path: Path, schema: Schema, skip_lines: int, columns: int) -> list[int]:
-    """The rows of a TSV input with fewer fields than the schema's columns.
+    """The rows of a TSV or CSV input with fewer fields than the schema's columns.
 
     The CSV reader fills absent trailing fields exactly as empty ones, so a row cut short
     would read as missing values: count each line's separators instead (one streaming pass;
-    TSV has no quoting, so every separator ends a field).
+    TSV has no quoting, so every separator ends a field). A CSV line with a quote is not
+    counted (a quoted field may hold the separator, or a line break that makes two lines).
     """
     full = columns - 1  # separators in a whole row
+    counted = pl.col("line").fill_null("")
+    cut = counted.str.count_matches(schema.sep, literal=True) < full
+    if schema.format == "csv":
+        cut = cut & ~counted.str.contains('"', literal=True)
     lines = pl.scan_csv(path, has_header=False, skip_lines=skip_lines, separator="\x1f",
                         quote_char=None, schema={"line": pl.String}, extra_columns="ignore",
                         empty_string_is_null=False)
     try:
         found = (lines.with_row_index(ROW)
-                 .filter(pl.col("line").fill_null("").str.count_matches(schema.sep, literal=True)
-                         < full)
+                 .filter(cut)
                  .select(ROW).collect(engine="streaming"))
     except (OSError, pl.exceptions.PolarsError):
         return []  # a damaged file: the scan itself reports it, with what is known of it

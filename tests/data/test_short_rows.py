@@ -59,3 +59,23 @@ def test_empty_trailing_fields_are_missing_values_not_short(schema: str, lines: 
     m = preprocess(ROOT / "schemas" / schema, [f"train={src}"], tmp_path / "ds",
                    val_fraction=0.0)
     assert m.splits["train"].rows == len(lines) and not any(m.bad_rows.values())
+
+
+def test_a_csv_row_cut_short_is_refused_and_a_quoted_one_is_not_counted(
+        tmp_path: Path) -> None:
+    synthesize(tmp_path / "logs", rows=200, format="avazu", seed=3, splits={"train": 1.0})
+    lines = (tmp_path / "logs" / "train.csv").read_text().splitlines()
+    assert "," in lines[0] and not lines[0][0].isdigit()  # a header line
+    cut = [*lines[:6], ",".join(lines[6].split(",")[:10]), *lines[7:]]
+    src = _write(tmp_path / "cut.csv", cut)
+    with pytest.raises(InputDataError, match=r"cut\.csv:7: row has fewer fields"):
+        preprocess(ROOT / "schemas" / "avazu.yaml", [f"train={src}"], tmp_path / "ds",
+                   val_fraction=0.0)
+    # a quoted field holding a line break makes two short lines of one whole row: not short
+    fields = lines[6].split(",")
+    quoted = ",".join([*fields[:5], f'"{fields[5]}\nx"', *fields[6:]])
+    src = _write(tmp_path / "quoted.csv", [*lines[:6], quoted, *lines[7:]])
+    m = preprocess(ROOT / "schemas" / "avazu.yaml", [f"train={src}"], tmp_path / "ds2",
+                   val_fraction=0.0, on_bad_rows="skip")
+    assert m.bad_rows.get("too_few_fields", 0) == 0  # (its value is a bad hex id instead)
+    assert m.splits["train"].rows == len(lines) - 2
