@@ -167,6 +167,20 @@ def torchrun_command(
     return [*cmd, "--max-restarts=0", *program]
 
 
+def worker_logging() -> int:
+    """Set up a torchrun worker's logging and return its rank.
+
+    Other libraries (FBGEMM logs every kernel's settings at INFO) stay at WARNING; ctrctl's
+    own progress lines come from rank 0 only, on stdout, which the launcher shows as it comes
+    (stderr, torchrun's noise, goes to a log).
+    """
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.WARNING, stream=sys.stdout,
+                        format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")
+    logging.getLogger("ctrctl").setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    return rank
+
+
 def report_worker_error(message: str, kind: str = "CtrctlError") -> None:
     """In a rank started by :func:`launch`: record this rank's error as one line.
 

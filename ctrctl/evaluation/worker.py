@@ -9,8 +9,6 @@ becomes one line on stderr and exit code 1, naming the rank; torchrun then stops
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import sys
 
 __all__ = ["main"]
@@ -25,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         close_process_group,
         init_process_group,
         report_worker_error,
+        worker_logging,
     )
     from ctrctl.errors import CtrctlError
     from ctrctl.evaluation.evaluate import evaluate
@@ -33,11 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     from ctrctl.tracking import Tracker, make_tracker
 
     spec = EvalSpec.from_json(args.spec)
-    rank = int(os.environ.get("RANK", "0"))
-    # stdout: the launcher shows it as it comes (stderr, torchrun's noise, goes to a log).
-    logging.basicConfig(level=logging.WARNING, stream=sys.stdout,
-                        format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")
-    logging.getLogger("ctrctl").setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    rank = worker_logging()
     finished = False
     try:
         init_process_group()

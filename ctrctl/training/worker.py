@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 __all__ = ["main"]
@@ -28,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         close_process_group,
         init_process_group,
         report_worker_error,
+        worker_logging,
     )
     from ctrctl.distributed.types import ShardingPlan
     from ctrctl.errors import CtrctlError
@@ -37,13 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from ctrctl.training.loop import train
 
     spec = TrainSpec.from_json(args.spec)
-    rank = int(os.environ.get("RANK", "0"))
-    # Other libraries (FBGEMM logs every kernel's settings at INFO) stay at WARNING;
-    # ctrctl's own progress lines come from rank 0 only.
-    # stdout: the launcher shows it as it comes (stderr, torchrun's noise, goes to a log).
-    logging.basicConfig(level=logging.WARNING, stream=sys.stdout,
-                        format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")
-    logging.getLogger("ctrctl").setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    rank = worker_logging()
     finished = False
     try:
         config = load_config(spec.config, spec.overrides)
