@@ -79,8 +79,9 @@ class ServingArtifactModel(PythonModel):
         serving = load_loader(folder)
         config = getattr(context, "model_config", None) or {}
         key = config.get("verify_key") or os.environ.get("CTRCTL_VERIFY_KEY") or None
+        # (an artifact's loader from before signatures takes no verify_key: passed only if set)
         self.model = serving.load(folder, compile=bool(config.get("compile", False)),
-                                  verify_key=key)
+                                  **({"verify_key": key} if key else {}))
         self.input_error = serving.InputError
         self.max_rows = int(config.get("max_rows") or
                             os.environ.get("CTRCTL_PYFUNC_MAX_ROWS") or DEFAULT_MAX_ROWS)
