@@ -30,7 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ctrctl.errors import ConfigError, DistributedError
+from ctrctl.errors import ConfigError, CtrctlError, DistributedError
 from ctrctl.io import write_json_atomic
 
 __all__ = ["DEFAULT_TIMEOUT_S", "ERROR_DIR_ENV", "LAUNCHER_PID_ENV", "die_with_launcher",
@@ -179,6 +179,26 @@ def worker_logging() -> int:
                         format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")
     logging.getLogger("ctrctl").setLevel(logging.INFO if rank == 0 else logging.WARNING)
     return rank
+
+
+def run_rank(rank: int, body: Callable[[], object]) -> int:
+    """Run a torchrun worker's ``body`` and close the process group after it: 0 when it
+    returns, 1 for a ctrctl error (one line on stderr naming the rank, and the launcher's
+    record of it); a bug's traceback goes to the ranks' log."""
+    finished = False
+    try:
+        body()
+        finished = True
+        return 0
+    except CtrctlError as exc:
+        print(f"rank {rank}: error: {exc.render()}", file=sys.stderr)
+        report_worker_error(exc.render(), type(exc).__name__)
+        return 1
+    except Exception as exc:
+        report_worker_error(f"internal error: {type(exc).__name__}: {exc}", "InternalError")
+        raise
+    finally:
+        close_process_group(synchronize=finished)
 
 
 def report_worker_error(message: str, kind: str = "CtrctlError") -> None:

@@ -19,13 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, help="an EvalSpec as JSON")
     args = parser.parse_args(argv)
 
-    from ctrctl.distributed.launch import (
-        close_process_group,
-        init_process_group,
-        report_worker_error,
-        worker_logging,
-    )
-    from ctrctl.errors import CtrctlError
+    from ctrctl.distributed.launch import init_process_group, run_rank, worker_logging
     from ctrctl.evaluation.evaluate import evaluate
     from ctrctl.evaluation.launch import EvalSpec
     from ctrctl.progress import LogProgress
@@ -33,8 +27,8 @@ def main(argv: list[str] | None = None) -> int:
 
     spec = EvalSpec.from_json(args.spec)
     rank = worker_logging()
-    finished = False
-    try:
+
+    def body() -> None:
         init_process_group()
         tracker = (make_tracker(spec.track, spec.tracking_uri, spec.experiment)
                    if rank == 0 else Tracker())
@@ -45,17 +39,8 @@ def main(argv: list[str] | None = None) -> int:
                  batch_size=spec.batch_size, num_bins=spec.num_bins,
                  exact_limit=spec.exact_limit, ece_bins=spec.ece_bins, tracker=tracker,
                  progress=LogProgress() if rank == 0 else None, gates_raise=False)
-        finished = True
-        return 0
-    except CtrctlError as exc:
-        print(f"rank {rank}: error: {exc.render()}", file=sys.stderr)
-        report_worker_error(exc.render(), type(exc).__name__)
-        return 1
-    except Exception as exc:  # a bug: its traceback goes to the ranks' log
-        report_worker_error(f"internal error: {type(exc).__name__}: {exc}", "InternalError")
-        raise
-    finally:
-        close_process_group(synchronize=finished)
+
+    return run_rank(rank, body)
 
 
 if __name__ == "__main__":

@@ -23,14 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     die_with_launcher()  # first: the imports below take seconds
 
     from ctrctl.config import load_config
-    from ctrctl.distributed.launch import (
-        close_process_group,
-        init_process_group,
-        report_worker_error,
-        worker_logging,
-    )
+    from ctrctl.distributed.launch import init_process_group, run_rank, worker_logging
     from ctrctl.distributed.types import ShardingPlan
-    from ctrctl.errors import CtrctlError
     from ctrctl.progress import LogProgress
     from ctrctl.tracking import Tracker, make_tracker
     from ctrctl.training.launch import TrainSpec
@@ -38,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
 
     spec = TrainSpec.from_json(args.spec)
     rank = worker_logging()
-    finished = False
-    try:
+
+    def body() -> None:
         config = load_config(spec.config, spec.overrides)
         init_process_group(config.training.device)
         plan = ShardingPlan.load(spec.plan) if spec.plan else None
@@ -51,17 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             logging.getLogger("ctrctl").info("finished at step %d: %s", result.step,
                                              result.metrics)
-        finished = True
-        return 0
-    except CtrctlError as exc:
-        print(f"rank {rank}: error: {exc.render()}", file=sys.stderr)
-        report_worker_error(exc.render(), type(exc).__name__)
-        return 1
-    except Exception as exc:  # a bug: its traceback goes to the ranks' log
-        report_worker_error(f"internal error: {type(exc).__name__}: {exc}", "InternalError")
-        raise
-    finally:
-        close_process_group(synchronize=finished)
+
+    return run_rank(rank, body)
 
 
 if __name__ == "__main__":
