@@ -40,6 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ctrctl.modules.native import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 BEFORE = "d8f1085"  # main before the column encoder
 TARGET_ROWS_PER_S = 200_000
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             "records": (lambda: [model.encode(c) for c in chunks], len(records)),
             "before": (lambda: [old.encode(c) for c in few], sum(map(len, few))),
         }
-        print(f"CPU: {_cpu()}; load average before: {os.getloadavg()}")
+        print(f"CPU: {cpu_model()}; load average before: {os.getloadavg()}")
         print(f"{len(records):,} raw Avazu rows ({len(names)} columns, "
               f"{'vocabulary' if args.vocab else 'hash'} mode), requests of {step} rows, "
               f"{args.repeats} repeats, 1 thread")
@@ -163,16 +165,6 @@ def main(argv: list[str] | None = None) -> int:
               f"columns {medians['columns'] / TARGET_ROWS_PER_S:.2f}")
         print(f"load average after: {os.getloadavg()}")
     return 0
-
-
-def _cpu() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

@@ -40,10 +40,8 @@ import argparse
 import gc
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,6 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from ctrctl.modules.cached_embedding import CachedEmbeddingBag
+from ctrctl.modules.native import cpu_model
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig, apply_sparse_update, init_state
 from ctrctl.modules.torch_embedding import row_gradients
 
@@ -107,28 +106,6 @@ def make_batches(n: int, tables: int, batch: int, rows: int, zipf: float, seed: 
 
 def _loadavg() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def _cpu() -> str:
-    name = platform.processor() or "?"
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                name = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("cpu family", "model") and key.strip() not in fields:
-                fields[key.strip()] = value.strip()
-    except OSError:
-        pass
-    extra = (f" (family {fields['cpu family']}, model {fields['model']})"
-             if len(fields) == 2 else "")
-    return f"{name}{extra}, {os.cpu_count()} logical CPUs"
 
 
 class PlainTables:
@@ -320,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     cache_dir = tempfile.mkdtemp(prefix="bench-page-cache-", dir=base)
     started_at = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     load_start = _loadavg()
-    cpu = _cpu()
+    cpu = cpu_model()
     started = time.perf_counter()
     print(f"{started_at}; CPU: {cpu}; torch {torch.__version__}, {args.threads} thread(s)")
     print(f"load average (1, 5, 15 min) at start: {load_start}")

@@ -37,6 +37,8 @@ import types
 from collections.abc import Callable
 from pathlib import Path
 
+from ctrctl.modules.native import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 BEFORE = "d8f1085"  # main before the streaming paths
 OVERRIDES = ["model.embedding_dim=16", "model.dense_arch=[64,16]", "model.over_arch=[64,1]",
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             "dataset before": lambda: old.predict_dataset(export, scored, "test", out,
                                                           overwrite=True).rows,
         }
-        print(f"CPU: {_cpu()}; load average before: {os.getloadavg()}")
+        print(f"CPU: {cpu_model()}; load average before: {os.getloadavg()}")
         print(f"{args.rows:,} synthetic Criteo rows, schemas/{args.schema}.yaml, batch 8192, "
               f"{args.repeats} repeats, torch on 1 thread")
         medians = {}
@@ -158,16 +160,6 @@ def main(argv: list[str] | None = None) -> int:
             _big_run(root, export, args.big_rows)
         print(f"load average after: {os.getloadavg()}")
     return 0
-
-
-def _cpu() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":
