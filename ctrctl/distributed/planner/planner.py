@@ -3,7 +3,10 @@
 ``plan()`` is pure: it needs no process group, no device and no model, only table shapes.
 Pipeline: enumerate options per table -> price them (storage + cost) -> greedy proposals in
 two orders (by cost, by size) -> local search on the slowest rank -> keep the plan whose
-slowest rank (plus the collectives' fixed latency) is fastest. When nothing fits, a
+slowest rank (plus the collectives' fixed latency) is fastest. Before the search, sums of
+each table's smallest option refuse what cannot fit (``feasibility.py``); after a failed
+search, replicated tables are sharded where they buy least per byte (``repair.py``), and a
+bounded exhaustive search is the last resort (``exhaustive.py``). When nothing fits, a
 :class:`PlanError` says which table does not fit where, by how much, and what would help.
 
 Example:
@@ -30,6 +33,12 @@ from ctrctl.distributed.planner.estimators import (
     slowest_rank_time,
     step_overhead,
 )
+from ctrctl.distributed.planner.exhaustive import DEFAULT_BUDGET, ExhaustiveProposer
+from ctrctl.distributed.planner.feasibility import (
+    capacity_hints,
+    check_capacity,
+    smallest_storage,
+)
 from ctrctl.distributed.planner.partitioners import RankState
 from ctrctl.distributed.planner.proposers import (
     Failure,
@@ -37,6 +46,7 @@ from ctrctl.distributed.planner.proposers import (
     GreedyProposer,
     improve,
 )
+from ctrctl.distributed.planner.repair import full_tier, leaner_options
 from ctrctl.distributed.planner.topology import GIB, Topology
 from ctrctl.distributed.planner.types import (
     Enumerator,
@@ -53,6 +63,8 @@ from ctrctl.names import ComputeKernel
 logger = logging.getLogger(__name__)
 
 PLANNER_VERSION = "ctrctl-planner-1"
+#: Above this many tables the exhaustive last resort is skipped (its depth is the tables).
+_EXHAUSTIVE_TABLES = 64
 _COST_KEYS = ("fwd_compute", "bwd_compute", "fwd_comms", "bwd_comms")
 
 
@@ -196,6 +208,9 @@ class EmbeddingShardingPlanner:
             :class:`EmbeddingPerfEstimator`, the calibrated or TorchRec cost model).
         proposers: searches to run (default: greedy by cost, greedy by memory, and TorchRec's
             fastest-option proposal).
+        exhaustive_budget: placements the exhaustive last resort may try when every
+            proposal (and the repair with fewer replicas) runs out of memory, for sets of
+            up to 64 tables (0: no last resort).
 
     Example:
         >>> planner = EmbeddingShardingPlanner(Topology.preset("cpu", 2), batch_size=4096)
@@ -206,13 +221,15 @@ class EmbeddingShardingPlanner:
     def __init__(self, topology: Topology, batch_size: int = 512,
                  sharding_types: tuple[str, ...] | None = None, local_search: bool = True,
                  enumerator: Enumerator | None = None, estimator: Estimator | None = None,
-                 proposers: Sequence[Proposer] | None = None):
+                 proposers: Sequence[Proposer] | None = None,
+                 exhaustive_budget: int = DEFAULT_BUDGET):
         if batch_size <= 0:
             raise PlanError(f"batch size {batch_size} must be positive")
         self.topology = topology
         self.batch_size = batch_size
         self.sharding_types = sharding_types
         self.local_search = local_search
+        self.exhaustive_budget = exhaustive_budget
         self.estimator = estimator or EmbeddingPerfEstimator(topology, batch_size)
         self.enumerator = enumerator or EmbeddingEnumerator(topology, batch_size, sharding_types,
                                                             self.estimator)
@@ -225,6 +242,27 @@ class EmbeddingShardingPlanner:
 
     def enumerate(self, tables: list[TableSpec]) -> list[list[ShardingOption]]:
         return [self.enumerator.enumerate(t) for t in tables]
+
+    def _search(self, options: list[list[ShardingOption]],
+                proposers: Sequence[Proposer] | None = None
+                ) -> tuple[list[Placement] | None, float, Failure | None]:
+        """Every proposer, each proposal improved; the best placements, their score, and
+        the first failure (None when a proposer found a plan)."""
+        best: list[Placement] | None = None
+        best_score = math.inf
+        failure: Failure | None = None
+        for proposer in proposers if proposers is not None else self.proposers:
+            placements = proposer.propose(options)
+            if placements is None:
+                failure = failure or getattr(proposer, "failure", None)
+                continue
+            if self.local_search:
+                placements = improve(placements, options, self.topology)
+            score = _score(placements, self.topology)
+            logger.debug("proposal by %s: slowest rank %.6g s", type(proposer).__name__, score)
+            if score < best_score:
+                best, best_score = placements, score
+        return best, best_score, None if best is not None else failure
 
     def plan(self, tables: list[TableSpec]) -> PlanResult:
         """The best plan found for ``tables``.
@@ -246,20 +284,20 @@ class EmbeddingShardingPlanner:
                                 hint="its constraints exclude every sharding type or kernel "
                                      f"on a {self.topology.device} topology of "
                                      f"{self.topology.world_size} ranks")
-        best: list[Placement] | None = None
-        best_score = math.inf
-        failure: Failure | None = None
-        for proposer in self.proposers:
-            placements = proposer.propose(options)
-            if placements is None:
-                failure = failure or getattr(proposer, "failure", None)
-                continue
-            if self.local_search:
-                placements = improve(placements, options, self.topology)
-            score = _score(placements, self.topology)
-            logger.debug("proposal by %s: slowest rank %.6g s", type(proposer).__name__, score)
-            if score < best_score:
-                best, best_score = placements, score
+        check_capacity(tables, options, self.topology)
+        best, best_score, failure = self._search(options)
+        if best is None and failure is not None:
+            # Fast options (replicas, device-memory kernels) may have crowded the rest out:
+            # restrict the tables they buy least for per byte to their leanest options.
+            tier = full_tier(failure.state)
+            for restricted in leaner_options(options, self.topology, tier):
+                best, best_score, _ = self._search(restricted)
+                if best is not None:
+                    logger.info("%s ran out: planned with leaner options", tier)
+                    break
+        if best is None and self.exhaustive_budget and len(tables) <= _EXHAUSTIVE_TABLES:
+            exhaustive = ExhaustiveProposer(self.topology, self.exhaustive_budget)
+            best, best_score, _ = self._search(options, [exhaustive])
         if best is None:
             if failure is None:
                 raise PlanError("no proposer found a plan",
@@ -335,21 +373,11 @@ def no_fit_error(tables: list[TableSpec], options: list[list[ShardingOption]],
     world = topology.world_size
     capacity = topology.ddr_available if tier == "ddr" else topology.hbm_available
     # Across tiers: a table can move between device and host memory with the kernel.
-    total_need = sum(min(o.storage_bytes for o in t_opts) for t_opts in options)
-    per_rank = topology.hbm_available + topology.ddr_available
+    total_need = sum(smallest_storage(t_opts) for t_opts in options)
     hints = []
     if gap > 0:
         hints.append(f"{_gib(gap)} more {tier} on a rank would hold it")
-    if total_need > per_rank * world:
-        more = math.ceil(total_need / max(per_rank, 1.0))
-        local = topology.local_world_size
-        more = math.ceil(more / local) * local if more > local else more
-        hints.append(f"all tables need at least {_gib(total_need)} but {world} ranks have "
-                     f"{_gib(per_rank * world)}: use at least {more} ranks "
-                     f"(--world-size auto finds the smallest that fits) or "
-                     f"{_gib(total_need / world - per_rank)} more memory per rank")
-    else:
-        hints.append(f"{world * 2} ranks would give twice the room")
+    hints += capacity_hints(total_need, topology)
     if topology.device == "cuda":
         caching = [o for o in opts if o.compute_kernel == ComputeKernel.FUSED_UVM_CACHING.value]
         if not caching:
