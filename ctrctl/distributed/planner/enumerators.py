@@ -15,12 +15,13 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ctrctl.distributed.planner.estimators import EmbeddingPerfEstimator
 from ctrctl.distributed.planner.topology import Topology
 from ctrctl.distributed.planner.types import Enumerator, Estimator, ShardingOption, TableSpec
-from ctrctl.distributed.types import row_blocks
 from ctrctl.names import ComputeKernel, ShardingType
 
 #: Kernels that train, fastest first, per device.
@@ -29,6 +30,21 @@ _TRAIN_KERNELS = {
              ComputeKernel.FUSED_UVM.value),
     "cpu": (ComputeKernel.FUSED.value,),
 }
+
+
+def row_block_sizes(rows: int, n: int) -> np.ndarray:
+    """The row counts of :func:`ctrctl.distributed.types.row_blocks` as an int64 array,
+    without a Python loop over thousands of blocks.
+
+    Example:
+        >>> row_block_sizes(10, 4).tolist()
+        [3, 3, 3, 1]
+    """
+    size = math.ceil(rows / n)
+    count = math.ceil(rows / size)
+    sizes = np.full(count, size, dtype=np.int64)
+    sizes[-1] = rows - size * (count - 1)
+    return sizes
 
 
 def default_min_col_block(dim: int) -> int:
@@ -131,7 +147,7 @@ class EmbeddingEnumerator(Enumerator):
                 if kind == ShardingType.TABLE_ROW_WISE.value and local == world \
                         and not forced_single:
                     continue  # one host: the same shards as row_wise
-                sizes = np.array([n for _, n in row_blocks(rows_n, span)], dtype=np.int64)
+                sizes = row_block_sizes(rows_n, span)
                 if kind == ShardingType.ROW_WISE.value and pinned is not None \
                         and not set(range(len(sizes))) <= pinned:
                     continue

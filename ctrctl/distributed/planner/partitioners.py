@@ -125,7 +125,14 @@ def best_placement(state: RankState, option: ShardingOption) -> Placement | None
             return None
         touched = np.where(fits, (state.load[grid] + cost).max(axis=1), np.inf)
         return Placement(option, grid[int(np.argmin(touched))])
-    if not option.host_local:  # table_wise, column_wise
+    if not option.host_local and mask is None and option.num_shards == 1:  # table_wise
+        room = ((state.hbm + option.hbm[0] <= state.hbm_cap)
+                & (state.ddr + option.ddr[0] <= state.ddr_cap))
+        if not room.any():
+            return None
+        rank = int(np.argmin(np.where(room, state.load, np.inf)))
+        return Placement(option, np.array([rank], dtype=np.int64))
+    if not option.host_local:  # column_wise (and pinned table_wise)
         candidates = np.arange(world) if mask is None else np.flatnonzero(mask)
         free = _greedy_free(state, option, candidates)
         return None if free is None else Placement(option, free)
