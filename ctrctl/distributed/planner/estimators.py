@@ -80,7 +80,7 @@ def _interp_by_dim(table: dict[str, float], cols: np.ndarray) -> np.ndarray:
 
 
 def kernel_bandwidth(topology: Topology, kernel: str, cols: np.ndarray,
-                     cache_load_factor: float | None, backward: bool = False,
+                     cache_load_factor: np.ndarray | float | None, backward: bool = False,
                      shard_bytes: np.ndarray | None = None) -> np.ndarray:
     """Effective bytes/s of the lookup (or backward) kernel on shards ``cols`` wide.
 
@@ -149,8 +149,6 @@ class _Terms:
 
 def _terms(option: ShardingOption, topology: Topology, batch_size: int) -> _Terms:
     table = option.table
-    kind = ShardingType(option.sharding_type)
-    world, local = topology.world_size, topology.local_world_size
     rows = option.rows.astype(np.float64)
     cols = option.cols.astype(np.float64)
     expand = None
@@ -160,8 +158,34 @@ def _terms(option: ShardingOption, topology: Topology, batch_size: int) -> _Term
         expand = np.zeros(k, dtype=np.intp)
         expand[-1] = 1
         rows, cols = rows[[0, -1]], cols[[0, -1]]
-    s = float(table.element_bytes)
-    pooling = float(table.pooling_factor)
+    per_row, per_element = OPTIMIZER_STATE[table.optimizer]
+    columns = TableColumns(float(table.element_bytes), float(table.pooling_factor),
+                           float(table.num_embeddings), per_row, per_element)
+    terms = shard_terms(option.sharding_type, rows, cols, columns, topology, batch_size)
+    terms.expand = expand
+    return terms
+
+
+@dataclass
+class TableColumns:
+    """What the cost model reads from a table, each a number or an array aligned with the
+    shards priced together (one element per shard, possibly of different tables)."""
+
+    element_bytes: np.ndarray | float
+    pooling_factor: np.ndarray | float
+    num_embeddings: np.ndarray | float
+    state_per_row: np.ndarray | float
+    state_per_element: np.ndarray | float
+
+
+def shard_terms(sharding_type: str, rows: np.ndarray, cols: np.ndarray, table: TableColumns,
+                topology: Topology, batch_size: int) -> _Terms:
+    """The kernel-independent terms of shards of one sharding type, ``rows`` x ``cols``
+    each (float arrays); ``table`` broadcasts against them."""
+    kind = ShardingType(sharding_type)
+    world, local = topology.world_size, topology.local_world_size
+    s = table.element_bytes
+    pooling = table.pooling_factor
     global_batch = float(batch_size) * world
     # Share of a rank's peers on its own host: how much of an all-to-all stays local.
     local_share = (local - 1) / (world - 1) if world > 1 else 1.0
@@ -169,18 +193,18 @@ def _terms(option: ShardingOption, topology: Topology, batch_size: int) -> _Term
     zeros = np.zeros_like(rows)
 
     if kind is ShardingType.DATA_PARALLEL:
-        n_ids = np.full_like(rows, batch_size * pooling)
+        n_ids = np.full_like(rows, batch_size) * pooling
         n_out = np.full_like(rows, float(batch_size))
     elif kind in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
         n_ids = global_batch * pooling * rows / table.num_embeddings
         n_out = np.full_like(rows, global_batch)
     else:
-        n_ids = np.full_like(rows, global_batch * pooling)
+        n_ids = np.full_like(rows, global_batch) * pooling
         n_out = np.full_like(rows, global_batch)
     ids_bytes = n_ids * INDEX_BYTES
     out_bytes = n_out * cols * s
     lookup_bytes = ids_bytes + n_ids * cols * s + out_bytes
-    per_row, per_element = OPTIMIZER_STATE[table.optimizer]
+    per_row, per_element = table.state_per_row, table.state_per_element
     update_bytes = None
 
     if kind is ShardingType.DATA_PARALLEL:
@@ -225,11 +249,13 @@ def _terms(option: ShardingOption, topology: Topology, batch_size: int) -> _Term
     if kind is ShardingType.DATA_PARALLEL:
         io = io + weights  # the dense gradient of the replica
     return _Terms(lookup_bytes, update_bytes, fwd_comms, bwd_comms, weights + state, io,
-                  cols, expand, output_s, weights)
+                  cols, None, output_s, weights)
 
 
-def _apply_kernel(option: ShardingOption, terms: _Terms, topology: Topology) -> None:
-    kernel, clf = option.compute_kernel, option.cache_load_factor
+def kernel_parts(kernel: str, clf: np.ndarray | float | None, terms: _Terms,
+                 topology: Topology) -> tuple[np.ndarray, ...]:
+    """Seconds and bytes of shards under ``kernel``: forward and backward compute, forward
+    and backward comms, hbm, ddr and disk bytes (each broadcastable to the shards)."""
     cols = terms.cols
     fwd_compute = terms.lookup_bytes / kernel_bandwidth(topology, kernel, cols, clf,
                                                         shard_bytes=terms.shard_bytes)
@@ -244,22 +270,26 @@ def _apply_kernel(option: ShardingOption, terms: _Terms, topology: Topology) -> 
         bwd_compute = bwd_compute + 0.5 * terms.output_s
     zeros = np.zeros_like(terms.io)
     disk = zeros
+    clf_value = topology.cache_load_factor if clf is None else clf
     if topology.device == "cpu" and kernel == ComputeKernel.FUSED_CACHED.value:
-        clf_value = topology.cache_load_factor if clf is None else clf
         hbm, ddr = zeros, clf_value * terms.weights_state + terms.io
         disk = np.broadcast_to(terms.weights_state, terms.io.shape).copy()
     elif topology.device == "cpu":
         hbm, ddr = zeros, terms.weights_state + terms.io
     elif kernel == ComputeKernel.FUSED_UVM_CACHING.value:
-        clf_value = topology.cache_load_factor if clf is None else clf
         hbm, ddr = clf_value * terms.weights_state + terms.io, terms.weights_state
     elif kernel == ComputeKernel.FUSED_UVM.value:
         hbm, ddr = terms.io, terms.weights_state
     else:
         hbm, ddr = terms.weights_state + terms.io, zeros
-    parts = [np.broadcast_to(p, terms.io.shape).copy() for p in (
-        fwd_compute, bwd_compute, terms.fwd_comms, terms.bwd_comms, np.ceil(hbm),
-        np.ceil(ddr))]
+    return (fwd_compute, bwd_compute, terms.fwd_comms, terms.bwd_comms, np.ceil(hbm),
+            np.ceil(ddr), disk)
+
+
+def _apply_kernel(option: ShardingOption, terms: _Terms, topology: Topology) -> None:
+    kernel = option.compute_kernel
+    *costs, disk = kernel_parts(kernel, option.cache_load_factor, terms, topology)
+    parts = [np.broadcast_to(p, terms.io.shape).copy() for p in costs]
     parts.append(parts[0] + parts[1] + parts[2] + parts[3])
     if terms.expand is not None:
         k = terms.expand.shape[0]
