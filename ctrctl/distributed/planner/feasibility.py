@@ -93,28 +93,42 @@ def check_capacity(tables: list[TableSpec], options: list[list[ShardingOption]],
     if total > capacity:  # settle it with the deferred options priced too
         smallest = [smallest_storage(opts) for opts in options]
         total = float(sum(smallest))
-    if total > capacity:
-        raise PlanError(
-            f"no plan fits: the {len(tables):,} tables need at least {_gib(total)} (each at "
-            f"its smallest option, optimizer state included) but the ranks hold "
-            f"{_gib(capacity)}", where=f"world size {world}",
-            hint="; ".join(capacity_hints(total, topology)))
+    check_total(len(tables), total, topology)
     for tier in ("hbm", "ddr"):
         tier_capacity = getattr(topology, f"{tier}_available") * world
         # The priced options' minima bound the true one from above: only when they do not
         # fit are the deferred options priced to settle it.
         if sum(_least_in_tier(opts, tier, False) for opts in options) <= tier_capacity:
             continue
-        need = sum(_least_in_tier(opts, tier, True) for opts in options)
-        if need > tier_capacity:
-            raise PlanError(
-                f"no plan fits: the {len(tables):,} tables need at least {_gib(need)} of "
-                f"{tier} (each at its option taking the least {tier}, input and output "
-                f"buffers included) but the ranks hold {_gib(tier_capacity)}",
-                where=f"world size {world}",
-                hint=f"use at least {_ranks_for(need, tier_capacity / world, topology)} "
-                     f"ranks or {_gib(need / world - tier_capacity / world)} more {tier} per "
-                     "rank, or a smaller batch per rank (the buffers grow with it)")
+        check_tier(len(tables), tier, sum(_least_in_tier(opts, tier, True) for opts in options),
+                   topology)
+
+
+def check_total(num_tables: int, total: float, topology: Topology) -> None:
+    """Refuse when the tables' smallest options (``total`` bytes) exceed all memory."""
+    world = topology.world_size
+    capacity = (topology.hbm_available + topology.ddr_available) * world
+    if total > capacity:
+        raise PlanError(
+            f"no plan fits: the {num_tables:,} tables need at least {_gib(total)} (each at "
+            f"its smallest option, optimizer state included) but the ranks hold "
+            f"{_gib(capacity)}", where=f"world size {world}",
+            hint="; ".join(capacity_hints(total, topology)))
+
+
+def check_tier(num_tables: int, tier: str, need: float, topology: Topology) -> None:
+    """Refuse when the tables need more of ``tier`` at their leanest than all ranks have."""
+    world = topology.world_size
+    tier_capacity = getattr(topology, f"{tier}_available") * world
+    if need > tier_capacity:
+        raise PlanError(
+            f"no plan fits: the {num_tables:,} tables need at least {_gib(need)} of "
+            f"{tier} (each at its option taking the least {tier}, input and output "
+            f"buffers included) but the ranks hold {_gib(tier_capacity)}",
+            where=f"world size {world}",
+            hint=f"use at least {_ranks_for(need, tier_capacity / world, topology)} "
+                 f"ranks or {_gib(need / world - tier_capacity / world)} more {tier} per "
+                 "rank, or a smaller batch per rank (the buffers grow with it)")
 
 
 def _least_in_tier(options: list[ShardingOption], tier: str, deferred: bool) -> float:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ctrctl.distributed.planner.arrays import supports
 from ctrctl.distributed.planner.enumerators import EmbeddingEnumerator
 from ctrctl.distributed.planner.estimators import (
     EmbeddingPerfEstimator,
@@ -47,6 +48,7 @@ from ctrctl.distributed.planner.proposers import (
     improve,
 )
 from ctrctl.distributed.planner.repair import full_tier, leaner_options
+from ctrctl.distributed.planner.scale import plan_with_arrays
 from ctrctl.distributed.planner.topology import GIB, Topology
 from ctrctl.distributed.planner.types import (
     Enumerator,
@@ -65,6 +67,8 @@ logger = logging.getLogger(__name__)
 PLANNER_VERSION = "ctrctl-planner-1"
 #: Above this many tables the exhaustive last resort is skipped (its depth is the tables).
 _EXHAUSTIVE_TABLES = 64
+#: Tables x ranks from which the array path plans (when it can).
+ARRAY_PATH_MIN = 1_000_000
 _COST_KEYS = ("fwd_compute", "bwd_compute", "fwd_comms", "bwd_comms")
 
 
@@ -211,6 +215,9 @@ class EmbeddingShardingPlanner:
         exhaustive_budget: placements the exhaustive last resort may try when every
             proposal (and the repair with fewer replicas) runs out of memory, for sets of
             up to 64 tables (0: no last resort).
+        array_path: plan with options as arrays (``arrays.py``, ``scale.py``): True, False,
+            or None for tables x ranks of at least a million with the default roles and no
+            per-table constraints.
 
     Example:
         >>> planner = EmbeddingShardingPlanner(Topology.preset("cpu", 2), batch_size=4096)
@@ -222,7 +229,7 @@ class EmbeddingShardingPlanner:
                  sharding_types: tuple[str, ...] | None = None, local_search: bool = True,
                  enumerator: Enumerator | None = None, estimator: Estimator | None = None,
                  proposers: Sequence[Proposer] | None = None,
-                 exhaustive_budget: int = DEFAULT_BUDGET):
+                 exhaustive_budget: int = DEFAULT_BUDGET, array_path: bool | None = None):
         if batch_size <= 0:
             raise PlanError(f"batch size {batch_size} must be positive")
         self.topology = topology
@@ -230,6 +237,9 @@ class EmbeddingShardingPlanner:
         self.sharding_types = sharding_types
         self.local_search = local_search
         self.exhaustive_budget = exhaustive_budget
+        # The array path enumerates, prices and searches as the default roles do.
+        self._default_roles = enumerator is None and estimator is None and proposers is None
+        self.array_path = array_path
         self.estimator = estimator or EmbeddingPerfEstimator(topology, batch_size)
         self.enumerator = enumerator or EmbeddingEnumerator(topology, batch_size, sharding_types,
                                                             self.estimator)
@@ -239,6 +249,12 @@ class EmbeddingShardingPlanner:
             FastestOptionProposer(topology)]
         if not self.proposers:
             raise PlanError("the planner needs at least one proposer")
+
+    def _use_arrays(self, tables: list[TableSpec]) -> bool:
+        possible = self._default_roles and supports(tables, self.sharding_types)
+        if self.array_path is not None:
+            return self.array_path and possible
+        return possible and len(tables) * self.topology.world_size >= ARRAY_PATH_MIN
 
     def enumerate(self, tables: list[TableSpec]) -> list[list[ShardingOption]]:
         return [self.enumerator.enumerate(t) for t in tables]
@@ -277,6 +293,14 @@ class EmbeddingShardingPlanner:
             dup = sorted({n for n in names if names.count(n) > 1})
             raise PlanError(f"duplicate table names: {', '.join(dup)}")
         start = time.perf_counter()
+        if self._use_arrays(tables):
+            placements = plan_with_arrays(tables, self.topology, self.batch_size,
+                                          self.sharding_types, self.enumerator,
+                                          self.local_search)
+            seconds = time.perf_counter() - start
+            logger.info("planned %d tables on %d ranks in %.2f s (array path)", len(tables),
+                        self.topology.world_size, seconds)
+            return build_result(placements, self.topology, self.batch_size, seconds)
         options = self.enumerate(tables)
         for table, opts in zip(tables, options, strict=True):
             if not opts:
@@ -349,8 +373,14 @@ def _gib(value: float) -> str:
 
 
 def no_fit_error(tables: list[TableSpec], options: list[list[ShardingOption]],
-                 topology: Topology, failure: Failure) -> PlanError:
-    """A :class:`PlanError` naming the table that found no room and what would make it fit."""
+                 topology: Topology, failure: Failure, total_need: float | None = None
+                 ) -> PlanError:
+    """A :class:`PlanError` naming the table that found no room and what would make it fit.
+
+    Args:
+        total_need: every table's smallest bytes together (default: from ``options``, which
+            then holds every table's options).
+    """
     table = tables[failure.table_index]
     opts = [o.ensure_priced() for o in options[failure.table_index]]
     for t_opts in options:
@@ -373,7 +403,8 @@ def no_fit_error(tables: list[TableSpec], options: list[list[ShardingOption]],
     world = topology.world_size
     capacity = topology.ddr_available if tier == "ddr" else topology.hbm_available
     # Across tiers: a table can move between device and host memory with the kernel.
-    total_need = sum(smallest_storage(t_opts) for t_opts in options)
+    if total_need is None:
+        total_need = sum(smallest_storage(t_opts) for t_opts in options)
     hints = []
     if gap > 0:
         hints.append(f"{_gib(gap)} more {tier} on a rank would hold it")

@@ -179,7 +179,7 @@ class FastestOptionProposer(Proposer):
 
 def improve(placements: list[Placement], options: list[list[ShardingOption]],
             topology: Topology, max_rounds: int | None = None,
-            max_evaluations: int = 20_000) -> list[Placement]:
+            max_evaluations: int = 20_000, pooled: float | None = None) -> list[Placement]:
     """Local search on the slowest rank (see the module docstring); returns new placements.
 
     Args:
@@ -188,6 +188,8 @@ def improve(placements: list[Placement], options: list[list[ShardingOption]],
         topology: the ranks.
         max_rounds: cap on improving steps (default: 4 per table, at least 200).
         max_evaluations: cap on placements tried in all.
+        pooled: every table's pooled bytes per rank (default: from ``options``; pass it
+            when ``options`` builds each table's list only on demand).
     """
     placements = list(placements)
     state = RankState(topology)
@@ -218,7 +220,8 @@ def improve(placements: list[Placement], options: list[list[ShardingOption]],
         index_add(i)
 
     type_counts = Counter(p.option.sharding_type for p in placements)
-    pooled = _pooled_bytes(options)
+    if pooled is None:
+        pooled = _pooled_bytes(options)
     for _ in range(rounds):
         slowest = int(np.argmax(state.load))
         top = float(state.load[slowest])
