@@ -112,11 +112,15 @@ class ArrayGreedy:
 
     Args:
         topology: the ranks (no per-table pinned ranks: the array path has none).
+        order: ``cost`` (most expensive table first) or ``memory`` (largest first).
     """
 
-    def __init__(self, topology: Topology):
+    def __init__(self, topology: Topology, order: str = "cost"):
         self.topology = topology
+        self.order = order
         self.failure: tuple[int, HostState] | None = None
+        #: after a proposal, its slowest rank plus the collectives' overhead
+        self.score = np.inf
 
     def propose(self, arrays: OptionArrays, valid: np.ndarray | None = None
                 ) -> list[tuple[int, np.ndarray]] | None:
@@ -127,7 +131,11 @@ class ArrayGreedy:
         total = np.where(valid, arrays.total, np.inf)
         cheapest = total.min(axis=1)
         cheapest = np.where(np.isfinite(cheapest), cheapest, 0.0)
-        order = np.lexsort((np.arange(len(cheapest)), -cheapest))
+        key = cheapest
+        if self.order == "memory":
+            key = np.where(valid, arrays.storage, np.inf).min(axis=1)
+            key = np.where(np.isfinite(key), key, 0.0)
+        order = np.lexsort((np.arange(len(cheapest)), -key))
         remaining = float(cheapest.sum())
         world = min(topo.world_size, topo.num_hosts * topo.parallel_ranks)
         pooled = float(sum(t.embedding_dim * t.element_bytes for t in arrays.tables)
@@ -182,6 +190,7 @@ class ArrayGreedy:
             types[kinds[j].sharding_type] += 1
             chosen[t] = (j, ranks)
         self.failure = None
+        self.score = float(state.load.max()) + step_overhead(types, topo, pooled)
         return [c for c in chosen if c is not None]
 
     @staticmethod
@@ -236,33 +245,57 @@ class ArrayGreedy:
             if rank is None:
                 return None
             return np.array([rank], dtype=np.int64), float(state.load[rank]) + c1
-        hosts: np.ndarray | None = None
-        if kind == _TWCW:
-            hosts = np.argsort(state.host_min, kind="stable")[:4]
-        for attempt in range(1 if hosts is None else len(hosts)):
-            only = None if hosts is None else hosts[attempt:attempt + 1]
-            ranks = []
-            for _ in range(k):
-                rank = state.least_loaded(h1, d1, only)
-                if rank is None:
-                    break
-                ranks.append(rank)
-                state.load[rank] += c1
-                state.hbm[rank] += h1
-                state.ddr[rank] += d1
-                state.refresh(np.array([rank // state.local]))
-            placed = np.array(ranks, dtype=np.int64)
-            touched = float(state.load[placed].max()) if ranks else 0.0
-            for rank in ranks:
-                state.load[rank] -= c1
-                state.hbm[rank] -= h1
-                state.ddr[rank] -= d1
-            if ranks:
-                state.refresh(np.unique(placed // state.local))
-            if len(ranks) == k:
-                return placed, touched
+        if kind != _TWCW:
+            found = _greedy_shards(state, k, c1, h1, d1, _near_ranks(state, k, h1, d1))
+            if found is not None:
+                return found
+            # The hosts' room is a summary: settle it on the k least-loaded ranks with room.
+            fits = np.flatnonzero((state.hbm + h1 <= state.hbm_cap)
+                                  & (state.ddr + d1 <= state.ddr_cap))
+            if fits.size > k:
+                fits = fits[np.argpartition(state.load[fits], k - 1)[:k]]
+            return _greedy_shards(state, k, c1, h1, d1, np.sort(fits))
+        for host in np.argsort(state.host_min, kind="stable")[:4].tolist():
+            found = _greedy_shards(state, k, c1, h1, d1,
+                                   host * state.local + np.arange(state.local))
+            if found is not None:
+                return found
         return None
 
+
+
+def _near_ranks(state: HostState, k: int, hbm: float, ddr: float) -> np.ndarray:
+    """The ranks of the ``k`` hosts with the least-loaded ranks among those with room: they
+    hold the ``k`` least-loaded ranks that have room, all a greedy placement of ``k`` alike
+    shards can pick."""
+    room = np.flatnonzero((state.host_hbm >= hbm) & (state.host_ddr >= ddr))
+    if room.size > k:
+        room = room[np.argpartition(state.host_min[room], k - 1)[:k]]
+    return (room[:, None] * state.local + np.arange(state.local)[None, :]).ravel()
+
+
+def _greedy_shards(state: HostState, k: int, cost: float, hbm: float, ddr: float,
+                   candidates: np.ndarray) -> tuple[np.ndarray, float] | None:
+    """``k`` alike shards one by one onto the least-loaded candidate with room (as
+    :func:`~ctrctl.distributed.planner.partitioners.best_placement` does on all ranks)."""
+    load = state.load[candidates].tolist()
+    used_hbm = state.hbm[candidates].tolist()
+    used_ddr = state.ddr[candidates].tolist()
+    picks = []
+    for _ in range(k):
+        best = -1
+        for i in range(len(load)):
+            if used_hbm[i] + hbm <= state.hbm_cap and used_ddr[i] + ddr <= state.ddr_cap \
+                    and (best < 0 or load[i] < load[best]
+                         or (load[i] == load[best] and candidates[i] < candidates[best])):
+                best = i
+        if best < 0:
+            return None
+        picks.append(best)
+        load[best] += cost
+        used_hbm[best] += hbm
+        used_ddr[best] += ddr
+    return candidates[picks], max(load[i] for i in picks)
 
 # ---- the whole plan on the array path ----------------------------------------------------
 class LazyOptions(Sequence[list[ShardingOption]]):
@@ -335,7 +368,8 @@ def leaner_masks(arrays: OptionArrays, tier: str) -> list[np.ndarray]:
 
 def plan_with_arrays(tables: list[TableSpec], topology: Topology, batch_size: int,
                      sharding_types: tuple[str, ...] | None, enumerator: Enumerator,
-                     local_search: bool, max_evaluations: int = 2_000) -> list[Placement]:
+                     local_search: bool, max_evaluations: int | None = None
+                     ) -> list[Placement]:
     """Placements for every table through the array path (capacity proofs, greedy search,
     repair, and a bounded local search on the slowest ranks).
 
@@ -350,6 +384,11 @@ def plan_with_arrays(tables: list[TableSpec], topology: Topology, batch_size: in
     greedy = ArrayGreedy(topology)
     alone = check_arrays(arrays, topology)
     chosen = None if alone is not None else greedy.propose(arrays)
+    if chosen is not None:  # the largest tables first as well: keep the faster plan
+        by_memory = ArrayGreedy(topology, order="memory")
+        other = by_memory.propose(arrays)
+        if other is not None and by_memory.score < greedy.score:
+            chosen = other
     if chosen is None and alone is None and greedy.failure is not None:
         tier = _full_tier(greedy.failure[1])
         for mask in leaner_masks(arrays, tier):
@@ -368,6 +407,9 @@ def plan_with_arrays(tables: list[TableSpec], topology: Topology, batch_size: in
     placements = [Placement(arrays.option(t, j), ranks)
                   for t, (j, ranks) in enumerate(chosen)]
     if local_search:
+        # Each evaluation is a pass over the ranks: a budget of about 8M rank-updates.
+        if max_evaluations is None:
+            max_evaluations = int(np.clip(8_000_000 // topology.world_size, 200, 2_000))
         pooled = float(sum(t.embedding_dim * t.element_bytes for t in tables)) * batch_size
         placements = improve(placements, LazyOptions(tables, enumerator),  # type: ignore[arg-type]
                              topology, max_evaluations=max_evaluations, pooled=pooled)
