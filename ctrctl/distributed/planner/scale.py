@@ -36,6 +36,9 @@ from ctrctl.distributed.planner.repair import ROUNDS
 from ctrctl.distributed.planner.topology import Topology
 from ctrctl.distributed.planner.types import Enumerator, Placement, ShardingOption, TableSpec
 
+#: Tables x ranks up to which a second greedy pass (largest tables first) runs.
+SECOND_ORDER_MAX = 20_000_000
+
 
 class HostState:
     """Per-rank load and memory, with per-host summaries for the least-loaded search."""
@@ -268,9 +271,15 @@ def _near_ranks(state: HostState, k: int, hbm: float, ddr: float) -> np.ndarray:
     """The ranks of the ``k`` hosts with the least-loaded ranks among those with room: they
     hold the ``k`` least-loaded ranks that have room, all a greedy placement of ``k`` alike
     shards can pick."""
-    room = np.flatnonzero((state.host_hbm >= hbm) & (state.host_ddr >= ddr))
-    if room.size > k:
-        room = room[np.argpartition(state.host_min[room], k - 1)[:k]]
+    loads = np.where((state.host_hbm >= hbm) & (state.host_ddr >= ddr), state.host_min, np.inf)
+    hosts = []
+    for _ in range(min(k, state.hosts)):  # k is a few column blocks: k passes beat a sort
+        host = int(np.argmin(loads))
+        if not np.isfinite(loads[host]):
+            break
+        hosts.append(host)
+        loads[host] = np.inf
+    room = np.array(sorted(hosts), dtype=np.int64)
     return (room[:, None] * state.local + np.arange(state.local)[None, :]).ravel()
 
 
@@ -384,7 +393,8 @@ def plan_with_arrays(tables: list[TableSpec], topology: Topology, batch_size: in
     greedy = ArrayGreedy(topology)
     alone = check_arrays(arrays, topology)
     chosen = None if alone is not None else greedy.propose(arrays)
-    if chosen is not None:  # the largest tables first as well: keep the faster plan
+    if chosen is not None and len(tables) * topology.world_size <= SECOND_ORDER_MAX:
+        # The largest tables first as well (a second pass): keep the faster plan.
         by_memory = ArrayGreedy(topology, order="memory")
         other = by_memory.propose(arrays)
         if other is not None and by_memory.score < greedy.score:
