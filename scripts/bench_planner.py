@@ -7,6 +7,13 @@ the plans, not the models. TorchRec runs in a child process with a time limit pe
 
     .venv/bin/python scripts/bench_planner.py            # full suite
     .venv/bin/python scripts/bench_planner.py --quick    # small and fast
+    .venv/bin/python scripts/bench_planner.py --scale [--json benchmarks/results/<cpu>/planner.json]
+
+``--scale`` times ctrctl's planner alone on 1,000 and 10,000 tables x 64, 4,096 and 16,384
+ranks (rows log-uniform in 10^2..10^6, dim 64, 80 GB HBM, 8 ranks per host, a global batch of
+16,384), one fresh process per case: planning seconds, the process's peak RSS and the plan's
+estimated step; also a set that does not fit (refused by the capacity sums), and 26 tables
+on 64 ranks in process.
 
 Columns: slowest-rank estimate of each plan (ms), ratio ctrctl / TorchRec (< 1: ctrctl's
 plan is faster), planning seconds of each (median of repeats for ctrctl).
@@ -22,7 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ctrctl.distributed.planner import EmbeddingShardingPlanner, Topology, rate_plan
+from render_performance import add_json_argument, load_average, write_result
+
+from ctrctl.distributed.planner import EmbeddingShardingPlanner, TableSpec, Topology, rate_plan
 from ctrctl.distributed.planner.suites import (
     criteo_1tb,
     few_huge_many_small,
@@ -30,7 +39,6 @@ from ctrctl.distributed.planner.suites import (
     skewed,
     uniform,
 )
-from ctrctl.distributed.planner.types import TableSpec
 from ctrctl.distributed.types import ParameterSharding, ShardingPlan, ShardMetadata
 from ctrctl.errors import PlanError
 from ctrctl.io import write_json_atomic
@@ -45,7 +53,120 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="seconds TorchRec may take per case (default 20 quick, 120 full)")
     parser.add_argument("--batch-size", type=int, default=512, help="per rank")
     parser.add_argument("--no-torchrec", action="store_true", help="skip the reference")
+    parser.add_argument("--scale", action="store_true",
+                        help="time and peak memory at 1,000-10,000 tables x 64-16,384 ranks")
+    parser.add_argument("--case-timeout", type=float, default=120.0,
+                        help="seconds one --scale case may take")
+    add_json_argument(parser)
     return parser.parse_args(argv)
+
+
+# ---- --scale: one fresh process per case -------------------------------------------------
+#: (name, tables, ranks, largest rows, dim): the production-scale sets of issue 30.
+SCALE_CASES = [
+    ("1,000 x 64", 1000, 64, 10**6, 64), ("1,000 x 4,096", 1000, 4096, 10**6, 64),
+    ("1,000 x 16,384", 1000, 16384, 10**6, 64), ("10,000 x 64", 10000, 64, 10**6, 64),
+    ("10,000 x 4,096", 10000, 4096, 10**6, 64), ("10,000 x 16,384", 10000, 16384, 10**6, 64),
+    ("does not fit: 10,000 x 4,096, rows to 10^8, dim 128", 10000, 4096, 10**8, 128),
+]
+GLOBAL_BATCH = 16384
+
+
+def scale_tables(num_tables: int, max_rows: int, dim: int, seed: int = 0) -> list[TableSpec]:
+    """Row counts log-uniform in 10^2..``max_rows``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rows = np.exp(rng.uniform(np.log(1e2), np.log(max_rows), num_tables)).astype(np.int64)
+    return [TableSpec(f"t{i}", int(r), dim) for i, r in enumerate(rows)]
+
+
+def scale_case(num_tables: int, world: int, max_rows: int, dim: int) -> dict[str, Any]:
+    """Plan one case in this process; what a --scale row reports (peak RSS included)."""
+    import resource
+
+    tables = scale_tables(num_tables, max_rows, dim)
+    topo = Topology.preset("h100", world, 8)
+    batch = max(GLOBAL_BATCH // world, 1)
+    start = time.perf_counter()
+    try:
+        result = EmbeddingShardingPlanner(topo, batch).plan(tables)
+        outcome = {"step_ms": result.step_time * 1e3, "fits": True,
+                   "imbalance": result.imbalance}
+    except PlanError as exc:
+        outcome = {"fits": False, "message": exc.message[:160]}
+    seconds = time.perf_counter() - start
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB
+    return {"seconds": seconds, "peak_rss_mib": rss, "batch_per_rank": batch, **outcome}
+
+
+def run_scale(args: argparse.Namespace) -> int:
+    """Each case in a child process (its own peak RSS), bounded by ``--case-timeout``."""
+    import json
+    import os
+    import subprocess
+
+    load_before = load_average()
+    rows: list[dict[str, Any]] = []
+    here = str(Path(__file__).resolve().parent)
+    for name, tables, world, max_rows, dim in SCALE_CASES:
+        code = (f"import json, sys; sys.path.insert(0, {here!r}); import bench_planner as b; "
+                f"print(json.dumps(b.scale_case({tables}, {world}, {max_rows}, {dim})))")
+        try:
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  timeout=args.case_timeout, env=dict(os.environ), check=False)
+            last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+            row = json.loads(last) if done.returncode == 0 and last else {
+                "error": done.stderr.strip().splitlines()[-1:] or ["no output"]}
+        except subprocess.TimeoutExpired:
+            row = {"error": [f"over {args.case_timeout:.0f} s"]}
+        row.update(case=name, tables=tables, world_size=world)
+        rows.append(row)
+        print(_format_scale(row), flush=True)
+    # 26 tables on 64 ranks, in this process (the CLI's start-up stated apart)
+    small = criteo_1tb(128)
+    topo = Topology.preset("h100", 64, 8)
+    EmbeddingShardingPlanner(topo, 512).plan(small)  # warm the imports and caches
+    times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        result = EmbeddingShardingPlanner(topo, 512).plan(small)
+        times.append(time.perf_counter() - start)
+    row = {"case": "criteo-1tb, in process", "tables": 26, "world_size": 64,
+           "seconds": statistics.median(times), "spread": [min(times), max(times)],
+           "step_ms": result.step_time * 1e3, "fits": True, "batch_per_rank": 512}
+    rows.append(row)
+    print(_format_scale(row), flush=True)
+    write_json_atomic(args.out, {"scale": True, "global_batch": GLOBAL_BATCH, "rows": rows})
+    print(f"results in {args.out}")
+    if args.json:
+        write_result(args.json, "planner", "Planner at production scale",
+                     "ctrctl plan's search alone, one fresh process per case: rows "
+                     "log-uniform in 10^2..10^6 (the last set to 10^8, dim 128), dim 64, 80 GB "
+                     "HBM, 8 ranks per host, a global batch of 16,384; planning seconds, the "
+                     "process's peak RSS (interpreter and imports included) and the plan's "
+                     "estimated step (the slowest rank plus the collectives' overhead).",
+                     ["case", "batch/rank", "plan s", "peak RSS", "estimated step"],
+                     [{"values": _scale_values(r)} for r in rows], load_before)
+    return 0
+
+
+def _scale_values(row: dict[str, Any]) -> dict[str, str]:
+    if "error" in row:
+        return {"case": row["case"], "plan s": str(row["error"][0])[:60]}
+    seconds = f"{row['seconds']:.2f}"
+    if "spread" in row:
+        seconds += f" ({row['spread'][0]:.2f}-{row['spread'][1]:.2f})"
+    return {"case": row["case"], "batch/rank": f"{row.get('batch_per_rank', '')}",
+            "plan s": seconds,
+            "peak RSS": f"{row['peak_rss_mib']:,.0f} MiB" if "peak_rss_mib" in row else "-",
+            "estimated step": (f"{row['step_ms']:.3f} ms" if row.get("fits")
+                               else "refused: " + row.get("message", "")[:70])}
+
+
+def _format_scale(row: dict[str, Any]) -> str:
+    values = _scale_values(row)
+    return "  ".join(f"{k}={v}" for k, v in values.items())
 
 
 def cases(quick: bool) -> list[tuple[str, list[TableSpec], int, int]]:
@@ -172,6 +293,8 @@ def torchrec_plan(tables: list[TableSpec], topology: Topology, batch: int, timeo
 # ---- the run ------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.scale:
+        return run_scale(args)
     timeout = args.torchrec_timeout or (20.0 if args.quick else 120.0)
     try:
         import torchrec  # noqa: F401

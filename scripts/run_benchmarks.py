@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+#: Benchmarks with a second mode that runs on its own (its results in ``<name>-<mode>.json``).
+EXTRA_RUNS = {"planner": ["--scale"]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,15 +38,19 @@ def main(argv: list[str] | None = None) -> int:
         name = script.stem.removeprefix("bench_")
         if wanted and name not in wanted:
             continue
-        cmd = [sys.executable, str(script), "--out", str(args.out / f"{name}.json")]
-        if args.quick:
-            cmd.append("--quick")
-        print(f"\n=== {name}: {' '.join(cmd)}", flush=True)
-        t0 = time.perf_counter()
-        code = subprocess.call(cmd)
-        print(f"=== {name}: exit {code} in {time.perf_counter() - t0:.0f} s", flush=True)
-        if code:
-            failed.append(name)
+        runs = [(name, [sys.executable, str(script), "--out", str(args.out / f"{name}.json")]
+                 + (["--quick"] if args.quick else []))]
+        for extra in EXTRA_RUNS.get(name, []):  # further modes of the same script
+            label = f"{name}-{extra.lstrip('-')}"
+            runs.append((label, [sys.executable, str(script), extra, "--out",
+                                 str(args.out / f"{label}.json")]))
+        for label, cmd in runs:
+            print(f"\n=== {label}: {' '.join(cmd)}", flush=True)
+            t0 = time.perf_counter()
+            code = subprocess.call(cmd)
+            print(f"=== {label}: exit {code} in {time.perf_counter() - t0:.0f} s", flush=True)
+            if code:
+                failed.append(label)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1

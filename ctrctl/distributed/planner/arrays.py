@@ -217,9 +217,13 @@ class OptionArrays:
         k = int(self.shards[t, j])
         topology = self.topology
         assert topology is not None
-        rows = np.full(k, self.rows1[t, j], dtype=np.int64)
-        rows[-1] = self.rows_last[t, j]
-        cols = np.full(k, self.cols[t, j], dtype=np.int64)
+        if k == 1:
+            rows = np.array([self.rows_last[t, j]], dtype=np.int64)
+            cols = np.array([self.cols[t, j]], dtype=np.int64)
+        else:
+            rows = np.full(k, self.rows1[t, j], dtype=np.int64)
+            rows[-1] = self.rows_last[t, j]
+            cols = np.full(k, self.cols[t, j], dtype=np.int64)
         fixed = None
         row_offsets = np.zeros(k, dtype=np.int64)
         col_offsets = np.zeros(k, dtype=np.int64)
@@ -238,6 +242,9 @@ class OptionArrays:
             fixed_ranks=fixed, host_local=kind.sharding_type in (_TWRW, _TWCW),
             cache_load_factor=clf)
         for name in PARTS:
+            if k == 1:
+                setattr(option, name, np.array([self.last[name][t, j]]))
+                continue
             values = np.full(k, self.first[name][t, j])
             values[-1] = self.last[name][t, j]
             setattr(option, name, values)

@@ -69,6 +69,8 @@ PLANNER_VERSION = "ctrctl-planner-1"
 _EXHAUSTIVE_TABLES = 64
 #: Tables x ranks from which the array path plans (when it can).
 ARRAY_PATH_MIN = 1_000_000
+#: ... or from this many tables, whatever the ranks.
+ARRAY_PATH_TABLES = 500
 _COST_KEYS = ("fwd_compute", "bwd_compute", "fwd_comms", "bwd_comms")
 
 
@@ -216,8 +218,8 @@ class EmbeddingShardingPlanner:
             proposal (and the repair with fewer replicas) runs out of memory, for sets of
             up to 64 tables (0: no last resort).
         array_path: plan with options as arrays (``arrays.py``, ``scale.py``): True, False,
-            or None for tables x ranks of at least a million with the default roles and no
-            per-table constraints.
+            or None for tables x ranks of at least a million (or 500 tables) with the
+            default roles and no per-table constraints.
 
     Example:
         >>> planner = EmbeddingShardingPlanner(Topology.preset("cpu", 2), batch_size=4096)
@@ -254,7 +256,8 @@ class EmbeddingShardingPlanner:
         possible = self._default_roles and supports(tables, self.sharding_types)
         if self.array_path is not None:
             return self.array_path and possible
-        return possible and len(tables) * self.topology.world_size >= ARRAY_PATH_MIN
+        return possible and (len(tables) * self.topology.world_size >= ARRAY_PATH_MIN
+                             or len(tables) >= ARRAY_PATH_TABLES)
 
     def enumerate(self, tables: list[TableSpec]) -> list[list[ShardingOption]]:
         return [self.enumerator.enumerate(t) for t in tables]

@@ -98,6 +98,17 @@ class HostState:
     def add(self, ranks: np.ndarray, cost: np.ndarray, hbm: np.ndarray, ddr: np.ndarray,
             sign: float = 1.0) -> None:
         """Add shards (``ranks`` may repeat); refresh the hosts touched."""
+        if ranks.size == 1:  # most tables: one shard, plain scalar updates
+            rank = int(ranks[0])
+            self.load[rank] += sign * float(cost[0])
+            self.hbm[rank] += sign * float(hbm[0])
+            self.ddr[rank] += sign * float(ddr[0])
+            host = rank // self.local
+            span = slice(host * self.local, (host + 1) * self.local)
+            self.host_min[host] = self.load[span].min()
+            self.host_hbm[host] = self.hbm_cap - self.hbm[span].min()
+            self.host_ddr[host] = self.ddr_cap - self.ddr[span].min()
+            return
         if ranks.size == self.world and (ranks == np.arange(self.world)).all():
             self.load += sign * cost
             self.hbm += sign * hbm
