@@ -67,7 +67,7 @@ SCALE_CASES = [
     ("1,000 x 64", 1000, 64, 10**6, 64), ("1,000 x 4,096", 1000, 4096, 10**6, 64),
     ("1,000 x 16,384", 1000, 16384, 10**6, 64), ("10,000 x 64", 10000, 64, 10**6, 64),
     ("10,000 x 4,096", 10000, 4096, 10**6, 64), ("10,000 x 16,384", 10000, 16384, 10**6, 64),
-    ("does not fit: 10,000 x 4,096, rows to 10^8, dim 128", 10000, 4096, 10**8, 128),
+    ("does not fit: 10,000 x 4,096, rows to 10^9, dim 512", 10000, 4096, 10**9, 512),
 ]
 GLOBAL_BATCH = 16384
 
@@ -142,7 +142,7 @@ def run_scale(args: argparse.Namespace) -> int:
     if args.json:
         write_result(args.json, "planner", "Planner at production scale",
                      "ctrctl plan's search alone, one fresh process per case: rows "
-                     "log-uniform in 10^2..10^6 (the last set to 10^8, dim 128), dim 64, 80 GB "
+                     "log-uniform in 10^2..10^6 (the last set to 10^9, dim 512), dim 64, 80 GB "
                      "HBM, 8 ranks per host, a global batch of 16,384; planning seconds, the "
                      "process's peak RSS (interpreter and imports included) and the plan's "
                      "estimated step (the slowest rank plus the collectives' overhead).",
