@@ -422,7 +422,8 @@ def plan_with_arrays(tables: list[TableSpec], topology: Topology, batch_size: in
         if alone is None and greedy.failure is not None:
             host = greedy.failure[1]
             state.load, state.hbm, state.ddr = host.load, host.hbm, host.ddr
-        total = float(np.where(np.isfinite(arrays.storage), arrays.storage, 0).min(axis=1).sum())
+        least = arrays.storage.min(axis=1)
+        total = float(least[np.isfinite(least)].sum())
         raise no_fit_error([tables[index]], [enumerator.enumerate(tables[index])], topology,
                            Failure(0, state), total_need=total)
     placements = [Placement(arrays.option(t, j), ranks)

@@ -130,3 +130,12 @@ def test_ten_thousand_tables_on_16384_ranks() -> None:
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 * 1024 * 1024  # KiB
     assert len(result.plan.tables) == 10_000
     assert (result.rank_hbm <= topo.hbm_available + 1).all()
+
+
+def test_array_path_names_a_table_that_fits_no_rank() -> None:
+    tables = [*random_tables(20), TableSpec("huge", 100_000_000_000, 128)]
+    with pytest.raises(PlanError) as info:
+        EmbeddingShardingPlanner(Topology.preset("torchrec", 2, 2), 512,
+                                 array_path=True).plan(tables)
+    text = info.value.render()
+    assert "'huge'" in text and "does not fit" in text
