@@ -126,9 +126,10 @@ def check_tier(num_tables: int, tier: str, need: float, topology: Topology) -> N
             f"{tier} (each at its option taking the least {tier}, input and output "
             f"buffers included) but the ranks hold {_gib(tier_capacity)}",
             where=f"world size {world}",
-            hint=f"use at least {_ranks_for(need, tier_capacity / world, topology)} "
-                 f"ranks or {_gib(need / world - tier_capacity / world)} more {tier} per "
-                 "rank, or a smaller batch per rank (the buffers grow with it)")
+            hint=f"{_gib(need / world - tier_capacity / world)} more {tier} per rank would "
+                 "hold it, or a smaller batch per rank: a shard's input and output buffers "
+                 "grow with the batch per rank times the ranks, so more ranks alone may not "
+                 "help")
 
 
 def _least_in_tier(options: list[ShardingOption], tier: str, deferred: bool) -> float:
@@ -140,10 +141,3 @@ def _least_in_tier(options: list[ShardingOption], tier: str, deferred: bool) -> 
             if option.pending is not None:
                 least = min(least, float(getattr(option.ensure_priced(), tier).sum()))
     return least
-
-
-def _ranks_for(need: float, per_rank: float, topology: Topology) -> int:
-    """Ranks (whole hosts beyond one) whose ``per_rank`` bytes hold ``need``."""
-    ranks = math.ceil(need / max(per_rank, 1.0))
-    local = topology.local_world_size
-    return math.ceil(ranks / local) * local if ranks > local else ranks
