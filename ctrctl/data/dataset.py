@@ -234,8 +234,7 @@ class BatchLoader:
         self.files = self._split_files()
         self._unchecked: set[str] = set()
         self._sizes = self.manifest.table_sizes()
-        # Managed-collision features carry raw 64-bit keys: any int64 is valid.
-        self._raw_keys = {f.name for f in self.manifest.sparse if f.mode == "zch"}
+        self._raw_keys = {f.name for f in self.manifest.sparse if f.mode == "zch"}  # any int64
         total = self._open_and_check()
         if max_rows is not None:
             total = min(total, max_rows)

@@ -243,7 +243,10 @@ def wrap_model(model: nn.Module, plan: ShardingPlan | None, process_group: Any,
     collisions = getattr(_unwrap(model), "collisions", None)
     if isinstance(collisions, ManagedCollisionCollection):
         # Every rank updates its remappers with every rank's keys: one state on all ranks.
-        collisions.process_group = process_group
+        import torch.distributed as dist
+
+        collisions.process_group = process_group if process_group is not None \
+            else dist.group.WORLD
     return DistributedModelParallel(model, plan=plan, process_group=process_group,
                                     dense_process_group=dense_process_group)
 

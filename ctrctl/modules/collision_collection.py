@@ -43,7 +43,7 @@ class ManagedCollisionCollection(nn.Module):
         collisions: table name -> its collision config (capacity = the table's rows).
         tables: every table's config (features, rows, dims and init ranges come from here).
         seed: seed of the re-initialisation of reassigned rows (with the table name and step,
-            so every rank draws the same rows).
+            so every rank draws the same rows); kept in the state dict.
         process_group: training with several ranks: the group whose keys are gathered.
 
     The remappers update in training mode (``model.train()``) and only look up in eval mode.
@@ -68,7 +68,9 @@ class ManagedCollisionCollection(nn.Module):
         self._tables = {n: by_name[n] for n in collisions}
         self._table_of = {f: t.name for t in tables if t.name in collisions
                           for f in t.feature_names}
-        self.seed = seed
+        # A buffer, so that a resumed model re-draws rows as the saved one would have.
+        self.reset_seed: torch.Tensor
+        self.register_buffer("reset_seed", torch.tensor(seed, dtype=torch.int64))
         self.process_group = process_group
         #: The data time (days) of the coming training step; ttl tables need it.
         self.now: float | None = None
@@ -160,7 +162,8 @@ class ManagedCollisionCollection(nn.Module):
                 continue
             config = self._tables[name]
             generator = torch.Generator().manual_seed(
-                self.seed * 1_000_003 + zlib.crc32(name.encode()) * 7919 + int(module.step))
+                int(self.reset_seed) * 1_000_003 + zlib.crc32(name.encode()) * 7919
+                + int(module.step))
             low, high = config.init_range
             fresh = torch.empty(slots.numel(), config.embedding_dim).uniform_(
                 low, high, generator=generator)  # (n, D), the same on every rank
