@@ -325,6 +325,8 @@ class ServingModel:
         self.module = module
         self.compiled = compiled
         self._hashers = {}
+        self._raw_keys = torch.tensor([f["mode"] == "zch" for f in self.contract["sparse"]],
+                                      dtype=torch.bool)
         self._sizes = torch.tensor([f["num_embeddings"] for f in self.contract["sparse"]],
                                    dtype=torch.int64)
         self._encoder = encoder_module().Encoder(self.contract, vocabularies,
@@ -347,7 +349,9 @@ class ServingModel:
         if ids.numel():
             per_feature = lengths.view(num_sparse, batch).sum(1)
             limit = torch.repeat_interleave(self._sizes, per_feature)
-            bad = (ids < 0) | (ids >= limit)
+            # zch features carry raw keys, any int64: the program maps them to slots.
+            raw = torch.repeat_interleave(self._raw_keys, per_feature)
+            bad = ~raw & ((ids < 0) | (ids >= limit))
             if bool(bad.any()):
                 first = int(bad.nonzero()[0, 0])
                 feature = int(torch.searchsorted(per_feature.cumsum(0), first, right=True))

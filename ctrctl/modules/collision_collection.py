@@ -75,6 +75,10 @@ class ManagedCollisionCollection(nn.Module):
         #: The data time (days) of the coming training step; ttl tables need it.
         self.now: float | None = None
 
+    def table_features(self) -> dict[str, str]:
+        """Feature -> its managed-collision table."""
+        return dict(self._table_of)
+
     def features(self) -> list[str]:
         """The KJT keys whose values are raw keys."""
         return list(self._table_of)

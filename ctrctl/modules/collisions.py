@@ -345,7 +345,39 @@ class CollisionRemapper(nn.Module):
         out["default_rate"] = out["default_lookups"] / max(out["lookups"], 1.0)
         return out
 
+    def frozen(self) -> FrozenRemap:
+        """The read-only key -> slot map of the current state, for serving and export."""
+        return FrozenRemap(self.slot_keys, self.occupied)
+
     def extra_repr(self) -> str:
         c = self.config
         return (f"capacity={c.capacity}, eviction={c.eviction}, ttl_days={c.ttl_days}, "
                 f"admit_min_count={c.admit_min_count}")
+
+
+class FrozenRemap(nn.Module):
+    """A remapper's key -> slot map, read-only, in fixed-size buffers (``torch.export``-able).
+
+    ``index_keys`` holds the owned keys ascending, then padding (the largest int64) up to the
+    capacity; ``index_slots`` their slots, the padding's row 0. A key not owned (or matching
+    only padding) maps to the default row.
+    """
+
+    def __init__(self, slot_keys: torch.Tensor, occupied: torch.Tensor) -> None:
+        super().__init__()
+        owned = occupied.nonzero().squeeze(1)
+        keys, order = torch.sort(slot_keys[owned], stable=True)
+        pad = slot_keys.numel() - keys.numel()
+        self.index_keys: torch.Tensor
+        self.index_slots: torch.Tensor
+        self.register_buffer("index_keys", torch.cat(
+            [keys, torch.full((pad,), torch.iinfo(torch.int64).max, dtype=torch.int64)]))
+        self.register_buffer("index_slots", torch.cat(
+            [owned[order], torch.full((pad,), DEFAULT_ROW, dtype=torch.int64)]))
+
+    def forward(self, keys: torch.Tensor) -> torch.Tensor:
+        """Slots (same shape) of int64 raw ``keys``."""
+        last = self.index_keys.numel() - 1
+        pos = torch.searchsorted(self.index_keys, keys).clamp(max=last)
+        return torch.where(self.index_keys[pos] == keys, self.index_slots[pos],
+                           torch.zeros_like(keys))
