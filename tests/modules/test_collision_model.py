@@ -129,3 +129,25 @@ def test_loaded_state_scores_raw_keys_as_the_trained_model() -> None:
     dense, kjt, _ = batch([1, 9, 12345, 6, 2**62], seed=5)  # incl. ids never seen
     with torch.no_grad():
         torch.testing.assert_close(fresh(dense, kjt), trained(dense, kjt))
+
+
+def test_reset_reaches_a_cached_table(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A table kept on disk with a DRAM row cache: the reset writes through to its rows."""
+    tables = [EmbeddingBagConfig("user", CAPACITY, DIM, ["user"]),
+              EmbeddingBagConfig("item", 20, DIM, ["item"])]
+    ebc = EmbeddingBagCollection(tables, optimizer=EmbeddingOptimizerConfig(lr=0.5), seed=0,
+                                 cached_tables={"user": 0.5}, cache_dir=str(tmp_path))
+    mc = ManagedCollisionCollection({"user": CollisionConfig(CAPACITY, eviction="lru")}, tables)
+    model = DLRM(ebc, 2, [8, DIM], [8, 1], collisions=mc)
+    assert "cached" in ebc.backends()
+    raw = [10**12 + i for i in range(5)]
+    for s in range(3):
+        step(model, raw, seed=s)
+    with torch.no_grad():
+        ebc.embedding_bag_weights(["user"])["user"][1:3] = 0.0  # the #3030 symptom, planted
+    mc.remappers["user"].remap(torch.tensor([raw[2], raw[3], raw[4], 7, 8]))
+    assert mc.reset_rows(ebc) == {"user": 2}
+    weights = ebc.embedding_bag_weights(["user"])["user"]
+    assert bool((weights[1:3].abs().sum(1) > 0).all())
+    state = ebc.optimizer_state(["user"])["user"]["momentum1"]
+    assert bool((state[1:3] == 0).all()) and bool((state[3:6] > 0).all())
