@@ -151,3 +151,15 @@ def test_reset_reaches_a_cached_table(tmp_path) -> None:  # type: ignore[no-unty
     assert bool((weights[1:3].abs().sum(1) > 0).all())
     state = ebc.optimizer_state(["user"])["user"]["momentum1"]
     assert bool((state[1:3] == 0).all()) and bool((state[3:6] > 0).all())
+
+
+def test_zch_models_train_with_the_base_pipeline() -> None:
+    """Pipelines that read ahead would distribute or prefetch raw keys before the remap."""
+    from ctrctl.distributed.pipeline import choose_pipeline
+    from ctrctl.errors import ConfigError
+
+    model = zch_model("auto")
+    assert choose_pipeline("auto", model) == "base"
+    assert choose_pipeline("base", model) == "base"
+    with pytest.raises(ConfigError, match="reads batches ahead"):
+        choose_pipeline("sparse-dist", model)
