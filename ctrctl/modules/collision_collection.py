@@ -136,11 +136,11 @@ class ManagedCollisionCollection(nn.Module):
         world = dist.get_world_size(group)
         if world == 1:
             return None
-        lengths = torch.tensor(length_per_key, dtype=torch.int64)
+        lengths = torch.tensor(length_per_key, dtype=torch.int64, device=values.device)
         all_lengths = [torch.empty_like(lengths) for _ in range(world)]
         dist.all_gather(all_lengths, lengths, group=group)
         longest = max(int(t.sum()) for t in all_lengths)
-        padded = torch.zeros(longest, dtype=torch.int64)
+        padded = torch.zeros(longest, dtype=torch.int64, device=values.device)
         padded[: values.numel()] = values
         all_values = [torch.empty_like(padded) for _ in range(world)]
         dist.all_gather(all_values, padded, group=group)
@@ -177,9 +177,10 @@ class ManagedCollisionCollection(nn.Module):
                 if rows.numel() == 0:
                     continue
                 cols = slice(col0, col0 + weight.size(1))
-                weight[rows] = fresh[inside][:, cols].to(weight.dtype)
+                weight[rows.to(weight.device)] = fresh[inside.cpu()][:, cols].to(
+                    weight.device, weight.dtype)
                 for tensor in state.values():
-                    tensor[rows] = 0
+                    tensor[rows.to(tensor.device)] = 0
             done[name] = slots.numel()
         return done
 

@@ -238,7 +238,7 @@ class CollisionRemapper(nn.Module):
             pos = torch.searchsorted(w_keys, keys).clamp_(max=n - 1)
             found = w_keys[pos] == keys
             totals[found] += w_counts[pos[found]]
-            keep = torch.ones(n, dtype=torch.bool)
+            keep = torch.ones(n, dtype=torch.bool, device=keys.device)
             keep[pos[found]] = False  # re-added below with their new totals
             w_keys, w_counts, w_step = w_keys[keep], w_counts[keep], w_step[keep]
         # Provisionally every new key waits; _admit removes the admitted ones.
@@ -286,7 +286,7 @@ class CollisionRemapper(nn.Module):
         take_free = min(free.numel(), eligible.numel())
         chosen, slots = eligible[:take_free], free[:take_free]
         rest = eligible[take_free:]
-        victims = torch.empty(0, dtype=torch.int64)
+        victims = torch.empty(0, dtype=torch.int64, device=keys.device)
         if rest.numel() and self.config.eviction != "ttl":
             victims = self._victims(rest, totals, step)
             chosen = torch.cat([chosen, rest[: victims.numel()]])
@@ -330,7 +330,7 @@ class CollisionRemapper(nn.Module):
     def take_reassigned(self) -> torch.Tensor:
         """Slots given to new owners since the last call (their rows need a reset)."""
         if not self._reassigned:
-            return torch.empty(0, dtype=torch.int64)
+            return torch.empty(0, dtype=torch.int64, device=self.slot_keys.device)
         slots = torch.unique(torch.cat(self._reassigned))
         self._reassigned = []
         return slots
@@ -371,9 +371,11 @@ class FrozenRemap(nn.Module):
         self.index_keys: torch.Tensor
         self.index_slots: torch.Tensor
         self.register_buffer("index_keys", torch.cat(
-            [keys, torch.full((pad,), torch.iinfo(torch.int64).max, dtype=torch.int64)]))
+            [keys, torch.full((pad,), torch.iinfo(torch.int64).max, dtype=torch.int64,
+                              device=keys.device)]))
         self.register_buffer("index_slots", torch.cat(
-            [owned[order], torch.full((pad,), DEFAULT_ROW, dtype=torch.int64)]))
+            [owned[order], torch.full((pad,), DEFAULT_ROW, dtype=torch.int64,
+                                      device=keys.device)]))
 
     def forward(self, keys: torch.Tensor) -> torch.Tensor:
         """Slots (same shape) of int64 raw ``keys``."""
