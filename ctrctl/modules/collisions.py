@@ -163,6 +163,29 @@ class CollisionRemapper(nn.Module):
             self._index = (keys, slots[order])
         return self._index
 
+    def _update_index(self, removed: torch.Tensor, added: torch.Tensor | None) -> None:
+        """Keep the sorted index current: drop ``removed`` slots, merge ``added`` ones (their
+        keys already written) in O(capacity) rather than a fresh sort."""
+        if self._index is None:
+            return
+        keys, slots = self._index
+        if removed.numel():
+            keep = ~torch.isin(slots, removed)
+            keys, slots = keys[keep], slots[keep]
+        if added is not None and added.numel():
+            new_keys, order = torch.sort(self.slot_keys[added])
+            at = torch.searchsorted(keys, new_keys) + torch.arange(
+                new_keys.numel(), device=keys.device)  # places in the merged index
+            merged = keys.numel() + new_keys.numel()
+            old = torch.ones(merged, dtype=torch.bool, device=keys.device)
+            old[at] = False
+            out_keys = torch.empty(merged, dtype=keys.dtype, device=keys.device)
+            out_slots = torch.empty_like(out_keys)
+            out_keys[at], out_slots[at] = new_keys, added[order]
+            out_keys[old], out_slots[old] = keys, slots
+            keys, slots = out_keys, out_slots
+        self._index = (keys, slots)
+
     def lookup(self, keys: torch.Tensor) -> torch.Tensor:
         """Slot of each key, -1 where the key owns none (no state changes)."""
         sorted_keys, sorted_slots = self._sorted_index()
@@ -223,7 +246,7 @@ class CollisionRemapper(nn.Module):
         if freed:
             self.occupied[stale] = False
             self.stats_counters[3] += freed
-            self._index = None
+            self._update_index(stale.nonzero().squeeze(1), None)
 
     def _count_waiting(self, keys: torch.Tensor, seen: torch.Tensor,
                        step: int) -> torch.Tensor:
@@ -303,7 +326,7 @@ class CollisionRemapper(nn.Module):
         self.stats_counters[3] += victims.numel()
         self._forget_waiting(keys[chosen])
         self._reassigned.append(slots.clone())
-        self._index = None
+        self._update_index(victims, slots)
         return out
 
     def _victims(self, candidates: torch.Tensor, totals: torch.Tensor,
