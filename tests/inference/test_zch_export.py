@@ -150,3 +150,29 @@ def test_standalone_loader_without_ctrctl_scores_the_same(exported: Exported,
                         dtype=torch.float32)
     torch.testing.assert_close(theirs, ours)
     torch.testing.assert_close(theirs, _trained_scores(exported), atol=2e-3, rtol=1e-2)
+
+
+def test_serving_counts_default_row_lookups(exported: Exported) -> None:
+    """/metrics' ctrctl_zch_default_lookups_total: keys that own no row in the artifact."""
+    from ctrctl.serving.batcher import Batcher, Job
+    from ctrctl.serving.metrics import Metrics
+
+    serving = load_artifact(exported.export)
+    records = _records(exported.test_csv)
+    _, ids, lengths = serving.encode(records)
+    counted = serving.default_row_lookups(ids, lengths)
+    model, _, _ = load_model(exported.run)
+    assert model.collisions is not None
+    order = serving.contract["order"]
+    chunks = ids.split(lengths.view(len(order), -1).sum(1).tolist())
+    for name in ("user", "dev"):
+        slots = model.collisions.remappers[name].remap(chunks[order.index(name)], update=False)
+        assert counted[name] == int((slots == 0).sum())
+    assert counted["user"] > 0
+    metrics = Metrics()
+    batcher = Batcher(serving, metrics, "1")
+    columns = {k: [r[k] for r in records] for k in records[0]}
+    job = Job(columns, len(records), 0.0, 0.0, None)  # type: ignore[arg-type]
+    batcher._count_oov(job, (torch.empty(0), ids, lengths))
+    text = metrics.render()[0].decode()
+    assert f'ctrctl_zch_default_lookups_total{{feature="user"}} {float(counted["user"])}' in text
