@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -36,6 +37,18 @@ def synth_command(
         list[str] | None,
         typer.Option(help="FEATURE=DISTINCT_VALUES, repeated, e.g. C3=100000."),
     ] = None,
+    days: Annotated[
+        int | None,
+        typer.Option(min=2, help="Write a stream of days instead (day_1.csv ..): columns "
+                     "click, day, hour, user (hex key), item (int key); --rows is split "
+                     "evenly over the days and --format is ignored."),
+    ] = None,
+    new_ids_per_day: Annotated[
+        int, typer.Option(min=0, help="With --days: users born each day after the first "
+                          "(items: a quarter of it).")] = 2_000,
+    popularity_drift: Annotated[
+        float, typer.Option(min=0.0, help="With --days: daily decay rate R of an id's "
+                            "popularity (weight x exp(-R x age in days)).")] = 0.3,
     overwrite: Overwrite = False,
     tracking_uri: TrackingUri = None,
     no_track: NoTrack = False,
@@ -44,6 +57,9 @@ def synth_command(
     """Write synthetic click logs, their true click probabilities and the best AUC."""
     from ctrctl.data.synthetic import parse_assignments, synthesize
 
+    if days is not None:
+        _synth_days(out, days, rows, new_ids_per_day, popularity_drift, seed, overwrite)
+        return
     tracker = tracker_from(no_track, tracking_uri, experiment)
     with locked(out, "synth"):
         result = synthesize(
@@ -73,6 +89,24 @@ def synth_command(
         f"{result.total_rows:,} rows in {result.seconds:.2f} s "
         f"({result.rows_per_second:,.0f} rows/s)"
     )
+
+
+def _synth_days(out: Path, days: int, rows: int, new_ids_per_day: int, drift: float,
+                seed: int, overwrite: bool) -> None:
+    from ctrctl.data.synthetic_days import synthesize_days
+
+    with locked(out, "synth"):
+        result = synthesize_days(out, days=days, rows_per_day=max(1, rows // days),
+                                 new_ids_per_day=new_ids_per_day, popularity_drift=drift,
+                                 seed=seed, overwrite=overwrite)
+    table = Table(title=f"{days} days of logs in {result.out}")
+    for name in ("day", "file", "rows", "label rate", "best AUC"):
+        table.add_column(name, justify="left" if name == "file" else "right")
+    for day, path in result.files.items():
+        table.add_row(str(day), path.name, f"{result.rows[day]:,}",
+                      f"{result.label_rate[day]:.4f}", f"{result.best_auc[day]:.4f}")
+    console.print(table)
+    console.print(f"distinct ids: {result.distinct}")
 
 
 def register(app: typer.Typer) -> None:

@@ -234,6 +234,7 @@ class BatchLoader:
         self.files = self._split_files()
         self._unchecked: set[str] = set()
         self._sizes = self.manifest.table_sizes()
+        self._raw_keys = {f.name for f in self.manifest.sparse if f.mode == "zch"}  # any int64
         total = self._open_and_check()
         if max_rows is not None:
             total = min(total, max_rows)
@@ -327,6 +328,8 @@ class BatchLoader:
         sizes = self._sizes
         leaf = {meta.schema.column(i).path.split(".")[0]: i for i in range(meta.metadata.num_columns)}
         for name in self.keys:
+            if name in self._raw_keys:
+                continue
             column = leaf.get(name)
             for group in range(meta.num_row_groups):
                 stats = None if column is None else (
@@ -434,7 +437,7 @@ class BatchLoader:
         return _Block(labels, dense, onehot, multihot)
 
     def _check_values(self, name: str, values: np.ndarray) -> None:
-        if values.size == 0:
+        if values.size == 0 or name in self._raw_keys:
             return
         size = self._sizes[name]
         low, high = int(values.min()), int(values.max())

@@ -114,7 +114,7 @@ def fast_layout(schema: Schema, kinds: Mapping[str, tuple[str, int | None, bool]
                 low, high = float(column.clip[0]), float(column.clip[1])
         elif column.role == "sparse":
             kind, hash_size, multi = kinds[column.name]
-            if multi or hash_size is None or kind not in ("hex", "int"):
+            if multi or not hash_size or kind not in ("hex", "int"):
                 return None
             code, size = ("H" if kind == "hex" else "N"), hash_size
         else:

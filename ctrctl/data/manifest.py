@@ -49,12 +49,15 @@ class SparseFeature:
     """A categorical feature: ids in ``[0, num_embeddings)``.
 
     Attributes:
-        mode: ``hash`` (raw value mod ``hash_size``) or ``vocab`` (contiguous ids from a
-            vocabulary built on the training split; id 0 is out-of-vocabulary).
+        mode: ``hash`` (raw value mod ``hash_size``), ``vocab`` (contiguous ids from a
+            vocabulary built on the training split; id 0 is out-of-vocabulary) or ``zch``
+            (raw 64-bit keys, mapped to rows by the model's managed-collision remapper).
         num_embeddings: the embedding table's row count for this feature.
         cardinality: distinct ids seen in the training split after the transform.
         multi_hot: values are lists (``list<int64>``) rather than one id per row.
         mean_length: average ids per row (1.0 for one-hot): the pooling factor.
+        collision: ``zch`` only: the schema's ``collision`` entry (capacity, eviction,
+            ttl_days, admit_min_count); ``num_embeddings`` is its capacity.
     """
 
     name: str
@@ -65,6 +68,7 @@ class SparseFeature:
     min_count: int | None = None
     multi_hot: bool = False
     mean_length: float = 1.0
+    collision: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

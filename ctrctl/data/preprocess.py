@@ -48,6 +48,7 @@ from ctrctl.data.stats import EXACT_CARDINALITY_ROWS, dataset_features, locate_b
 from ctrctl.data.transforms import (
     BAD,
     BAD_REASONS,
+    RAW_KEYS,
     ROW,
     SPLIT,
     parsed_columns,
@@ -534,7 +535,8 @@ def _manifest(
     transforms = {
         "dense": {c.name: {"transform": c.transform, "fill": c.fill, "clip": c.clip,
                            "type": c.value_type} for c in schema.dense},
-        "sparse": {name: {"mode": "hash" if size else "vocab", "kind": kind,
+        "sparse": {name: {"mode": "zch" if size == RAW_KEYS else "hash" if size else "vocab",
+                          "kind": kind,
                           "hash_size": size, "multi_hot": multi}
                    for name, (kind, size, multi) in kinds.items()},
         "vocab_dir": VOCAB_DIR if vocabs else None,

@@ -25,11 +25,23 @@ A schema is a YAML file (``schemas/criteo.yaml``, ``schemas/avazu.yaml``)::
         # min_count: 5          # ... or vocabulary mode: values seen >= min_count times in
         #                         the training split get ids 1..V, the rest id 0 (OOV)
         multi_hot_separator: "|"   # optional: the field is a list of values
+      - name: user_id
+        role: sparse
+        type: string
+        # ... or managed collisions: the raw 64-bit key is kept (hex/int value, or a
+        # stable hash of a string) and the model maps it to one of `capacity` rows
+        collision: {kind: zch, capacity: 100000, eviction: lru}   # lfu | lru | ttl
+        #   ttl_days: 7           # ttl: free a row unused for 7 days of data time
+        #   admit_min_count: 2    # lookups before an id gets a row of its own (default 1)
       - name: hour
         role: ignore
         derive:                 # optional: sparse features computed from a timestamp
           format: "%y%m%d%H"    # strptime format of the raw value
           features: [hour_of_day, weekday]   # become sparse features hour_of_day, weekday
+
+A ``ttl`` collision needs the data time: ``time_column: NAME`` names a column whose
+value is the event time, in days (a number), or a timestamp read with that column's
+``derive.format``.
 
 libfm files (``label idx:value idx:value ...``, one field per position, e.g. Frappe) list
 one column per field position in ``columns``: a sparse column takes each field's index, a
@@ -73,6 +85,38 @@ class Derive(_Frozen):
 
     format: str
     features: tuple[DerivedFeature, ...]
+
+
+class Collision(_Frozen):
+    """A managed-collision ("zch") table for a sparse feature (``ctrctl/modules/collisions.py``).
+
+    Attributes:
+        kind: ``zch``.
+        capacity: the table's rows, the shared default row included (at least 2).
+        eviction: ``lfu``, ``lru`` or ``ttl`` (needs ``ttl_days`` and the schema's
+            ``time_column``).
+        ttl_days: ``ttl``: a row not looked up for this many days of data time is freed.
+        admit_min_count: lookups an id needs before it gets a row of its own.
+    """
+
+    kind: Literal["zch"]
+    capacity: int
+    eviction: Literal["lfu", "lru", "ttl"] = "lfu"
+    ttl_days: float | None = None
+    admit_min_count: int = 1
+
+    @model_validator(mode="after")
+    def _check(self) -> Collision:
+        if self.capacity < 2:
+            raise ValueError(f"collision capacity {self.capacity}: a zch table needs its "
+                             "default row and at least one more (capacity >= 2)")
+        if self.eviction == "ttl" and (self.ttl_days is None or self.ttl_days <= 0):
+            raise ValueError("collision eviction ttl needs ttl_days > 0")
+        if self.eviction != "ttl" and self.ttl_days is not None:
+            raise ValueError(f"ttl_days is for eviction ttl, not {self.eviction}")
+        if self.admit_min_count < 1:
+            raise ValueError("collision admit_min_count must be >= 1")
+        return self
 
 
 class LabelRule(_Frozen):
@@ -126,6 +170,7 @@ class Column(_Frozen):
         clip: dense only: (low, high) for ``transform: clip``.
         hash_size: sparse, hash mode: ids are ``value mod hash_size``.
         min_count: sparse, vocabulary mode: the frequency threshold.
+        collision: sparse, managed-collision mode: raw keys, remapped in the model.
         multi_hot_separator: sparse only: the field holds a list of values.
         derive: sparse features computed from this column.
     """
@@ -138,6 +183,7 @@ class Column(_Frozen):
     clip: tuple[float, float] | None = None
     hash_size: int | None = None
     min_count: int | None = None
+    collision: Collision | None = None
     multi_hot_separator: str | None = None
     derive: Derive | None = None
 
@@ -154,17 +200,19 @@ class Column(_Frozen):
         if self.role == "sparse":
             if self.type not in (None, "hex", "int", "string"):
                 raise ValueError(f"sparse column {self.name!r}: type must be hex, int or string")
-            if (self.hash_size is None) == (self.min_count is None):
+            modes = [self.hash_size, self.min_count, self.collision]
+            if sum(m is not None for m in modes) != 1:
                 raise ValueError(
-                    f"sparse column {self.name!r}: give exactly one of hash_size (hash mode) "
-                    "or min_count (vocabulary mode)"
+                    f"sparse column {self.name!r}: give exactly one of hash_size (hash mode), "
+                    "min_count (vocabulary mode) or collision (managed collisions)"
                 )
             if self.hash_size is not None and self.hash_size <= 0:
                 raise ValueError(f"sparse column {self.name!r}: hash_size must be positive")
             if self.min_count is not None and self.min_count < 1:
                 raise ValueError(f"sparse column {self.name!r}: min_count must be >= 1")
-        elif self.hash_size is not None or self.min_count is not None:
-            raise ValueError(f"column {self.name!r}: hash_size/min_count are for sparse columns")
+        elif (self.hash_size, self.min_count, self.collision) != (None, None, None):
+            raise ValueError(f"column {self.name!r}: hash_size/min_count/collision are for "
+                             "sparse columns")
         return self
 
     @property
@@ -176,7 +224,9 @@ class Column(_Frozen):
 
     @property
     def mode(self) -> str:
-        """``hash`` or ``vocab`` for a sparse column."""
+        """``hash``, ``vocab`` or ``zch`` for a sparse column."""
+        if self.collision is not None:
+            return "zch"
         return "vocab" if self.min_count is not None else "hash"
 
 
@@ -189,6 +239,7 @@ class Schema(_Frozen):
     header: bool | Literal["auto"] = False
     label: str
     label_rule: LabelRule | None = None
+    time_column: str | None = None
     columns: tuple[Column, ...]
 
     @model_validator(mode="before")
@@ -229,6 +280,12 @@ class Schema(_Frozen):
             raise ValueError(f"derived features clash with columns: {clash}")
         if not self.dense and not self.sparse_names:
             raise ValueError("the schema has no dense and no sparse feature")
+        ttl = [c.name for c in self.sparse if c.collision and c.collision.eviction == "ttl"]
+        if ttl and self.time_column is None:
+            raise ValueError(f"collision eviction ttl ({', '.join(ttl)}) needs the data time: "
+                             "name the event-time column with time_column")
+        if self.time_column is not None and self.time_column not in names:
+            raise ValueError(f"time_column {self.time_column!r} is not a column")
         if self.separator is not None and len(self.separator) != 1:
             raise ValueError("separator must be one character")
         return self
@@ -276,7 +333,7 @@ class Schema(_Frozen):
     def with_vocab(self, min_count: int) -> Schema:
         """The same schema with every sparse column in vocabulary mode (``min_count``)."""
         columns = tuple(
-            c.model_copy(update={"hash_size": None, "min_count": min_count})
+            c.model_copy(update={"hash_size": None, "min_count": min_count, "collision": None})
             if c.role == "sparse"
             else c
             for c in self.columns

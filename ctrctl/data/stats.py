@@ -76,12 +76,15 @@ def dataset_features(
     )
     sizes = num_embeddings(kinds, vocabs)
     min_counts = {c.name: c.min_count for c in schema.sparse}
+    zch = {c.name: c.collision for c in schema.sparse if c.collision is not None}
     sparse = tuple(
         SparseFeature(
-            name=n, mode="hash" if size is not None else "vocab", num_embeddings=sizes[n],
-            cardinality=int(stats[f"{n}.card"]), hash_size=size,
+            name=n, mode="zch" if n in zch else "hash" if size is not None else "vocab",
+            num_embeddings=zch[n].capacity if n in zch else sizes[n],
+            cardinality=int(stats[f"{n}.card"]), hash_size=None if n in zch else size,
             min_count=min_counts.get(n), multi_hot=multi,
             mean_length=float(stats.get(f"{n}.len") or 0.0) if multi else 1.0,
+            collision=zch[n].model_dump(exclude_none=True) if n in zch else None,
         )
         for n, (_, size, multi) in kinds.items()
     )

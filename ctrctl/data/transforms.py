@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,17 @@ BAD = "__bad"
 SPLIT = "__split"
 #: Polars' string hash is stable within a polars version only; the seed is fixed.
 STRING_HASH_SEED = 0
+#: ``sparse_kinds``' size of a managed-collision feature: raw keys, no modulo.
+RAW_KEYS = 0
+
+
+def stable_key(text: str) -> int:
+    """The raw 64-bit key of a string value of a managed-collision feature: the first
+    8 bytes of its BLAKE2b digest as a signed little-endian int. It depends on nothing but
+    the text, so serving (and the standalone loader, with the stdlib alone) computes it too.
+    """
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
 def label_value(column: Column, rule: LabelRule | None = None) -> tuple[pl.Expr, pl.Expr]:
@@ -138,7 +150,19 @@ def derived_key(column: Column, kind: str) -> tuple[pl.Expr, pl.Expr]:
     return value.cast(pl.Int64), stamp.is_null() & raw.is_not_null()
 
 
+def _raw_one(key: pl.Expr, kind: str) -> pl.Expr:
+    """A managed-collision key as int64: ints as they are, hex bits reinterpreted as signed,
+    strings through :func:`stable_key`."""
+    if kind == "string":
+        return key.map_elements(stable_key, return_dtype=pl.Int64, skip_nulls=True)
+    if kind == "hex":
+        return key.cast(pl.UInt64).reinterpret(signed=True)
+    return key.cast(pl.Int64)
+
+
 def _hash_one(key: pl.Expr, kind: str, size: int) -> pl.Expr:
+    if size == RAW_KEYS:
+        return _raw_one(key, kind)
     if kind == "string":
         # Expr.hash gives null a hash of its own; keep a missing value missing (-> id 0).
         return pl.when(key.is_not_null()).then(key.hash(seed=STRING_HASH_SEED) % size).cast(
@@ -148,7 +172,8 @@ def _hash_one(key: pl.Expr, kind: str, size: int) -> pl.Expr:
 
 
 def encode_hash(name: str, kind: str, size: int, multi_hot: bool) -> pl.Expr:
-    """Ids of hashed feature ``name`` (keys in that column): key mod ``size``, missing -> 0."""
+    """Ids of hashed feature ``name`` (keys in that column): key mod ``size``, missing -> 0;
+    ``size`` :data:`RAW_KEYS`: the raw 64-bit key itself (a managed-collision feature)."""
     key = pl.col(name)
     if multi_hot:
         return key.list.eval(_hash_one(pl.element(), kind, size)).alias(name)
@@ -203,9 +228,11 @@ def parsed_columns(schema: Schema) -> tuple[list[pl.Expr], pl.Expr]:
 
 
 def sparse_kinds(schema: Schema) -> dict[str, tuple[str, int | None, bool]]:
-    """Feature -> (key kind, hash size or None for vocabulary mode, multi-hot)."""
+    """Feature -> (key kind, hash size, None for vocabulary mode or :data:`RAW_KEYS` for
+    managed collisions, multi-hot)."""
     kinds: dict[str, tuple[str, int | None, bool]] = {
-        c.name: (c.value_type, c.hash_size, c.multi_hot_separator is not None)
+        c.name: (c.value_type, RAW_KEYS if c.collision is not None else c.hash_size,
+                 c.multi_hot_separator is not None)
         for c in schema.sparse
     }
     for _, name, kind in schema.derived_features():

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from torch import nn
 
 from ctrctl.errors import ConfigError
+from ctrctl.modules.collisions import CollisionRemapper
 from ctrctl.modules.dlrm import DLRM, SparseDotInteraction
 from ctrctl.modules.interaction import DotInteraction
 from ctrctl.modules.quant_embedding import QuantEmbeddingBagCollection
@@ -73,6 +75,13 @@ class ShardedDLRM(nn.Module):
         self.register_buffer("feature_perm", torch.tensor(
             [position[f] for f in model_features], dtype=torch.int64), persistent=False)
         self.identity_order = self.input_features == model_features
+        # Managed-collision features arrive as raw keys; their read-only remaps run first.
+        mc = dlrm.collisions
+        managed = mc.table_features() if mc is not None else {}
+        self.remap_positions = [position[f] for f in self.input_features if f in managed]
+        self.remaps = nn.ModuleList(
+            [cast(CollisionRemapper, mc.remappers[managed[f]]).frozen()
+             for f in self.input_features if f in managed] if mc is not None else [])
         self.dense_arch: nn.Module | None = copy.deepcopy(dlrm.dense_arch)
         self.dense_anchor = copy.deepcopy(dlrm.dense_anchor)  # None, or (D,): see DLRM
         self.interaction = copy.deepcopy(dlrm.interaction)
@@ -107,6 +116,8 @@ class ShardedDLRM(nn.Module):
         """Click probabilities (B,) for one batch in the flat layout (module docstring)."""
         batch = dense.size(0)
         offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])  # (F * B + 1,)
+        if self.remap_positions:
+            ids = self._remap(ids, offsets, batch)
         pooled, start = [], 0
         for shard, size in zip(self.shards, self.shard_sizes, strict=True):
             end = start + size
@@ -135,6 +146,15 @@ class ShardedDLRM(nn.Module):
                 interacted = self.interaction(embedded_dense, sparse)
         logits = self.over_arch(interacted).squeeze(1)  # (B,)
         return torch.sigmoid(logits.float())
+
+    def _remap(self, ids: torch.Tensor, offsets: torch.Tensor, batch: int) -> torch.Tensor:
+        """Managed-collision features' raw keys -> slots (read-only; unknown -> row 0)."""
+        position = torch.arange(ids.numel(), device=ids.device)  # (N,)
+        for feature, remap in zip(self.remap_positions, self.remaps, strict=True):
+            inside = (position >= offsets[feature * batch]) & (
+                position < offsets[(feature + 1) * batch])
+            ids = torch.where(inside, remap(ids), ids)
+        return ids
 
     def table_bytes(self) -> dict[str, int]:
         """Bytes of every quantized table."""

@@ -325,6 +325,10 @@ class ServingModel:
         self.module = module
         self.compiled = compiled
         self._hashers = {}
+        self._raw_keys = torch.tensor([f["mode"] == "zch" for f in self.contract["sparse"]],
+                                      dtype=torch.bool)
+        #: feature position -> the keys owning a row (zch features; set by :func:`load`)
+        self.zch_keys = {}
         self._sizes = torch.tensor([f["num_embeddings"] for f in self.contract["sparse"]],
                                    dtype=torch.int64)
         self._encoder = encoder_module().Encoder(self.contract, vocabularies,
@@ -347,13 +351,25 @@ class ServingModel:
         if ids.numel():
             per_feature = lengths.view(num_sparse, batch).sum(1)
             limit = torch.repeat_interleave(self._sizes, per_feature)
-            bad = (ids < 0) | (ids >= limit)
+            # zch features carry raw keys, any int64: the program maps them to slots.
+            raw = torch.repeat_interleave(self._raw_keys, per_feature)
+            bad = ~raw & ((ids < 0) | (ids >= limit))
             if bool(bad.any()):
                 first = int(bad.nonzero()[0, 0])
                 feature = int(torch.searchsorted(per_feature.cumsum(0), first, right=True))
                 name = self.contract["sparse"][feature]["name"]
                 raise ArtifactError(f"id {int(ids[first])} of feature {name!r} is outside "
                                     f"[0, {int(self._sizes[feature])})")
+
+    def default_row_lookups(self, ids, lengths):
+        """Per managed-collision (zch) feature, how many of the inputs' raw keys own no row
+        and score with the shared default row."""
+        if not self.zch_keys:
+            return {}
+        sparse = self.contract["sparse"]
+        chunks = torch.split(ids, lengths.view(len(sparse), -1).sum(1).tolist())
+        return {sparse[f]["name"]: int((~torch.isin(chunks[f], owned)).sum())
+                for f, owned in self.zch_keys.items()}
 
     def score(self, dense, ids, lengths):
         """Click probabilities (B,) for model inputs in the contract's order.
@@ -512,6 +528,10 @@ def load(folder, device="cpu", compile=False, verify_key=None):
             tensor = torch.nn.Parameter(tensor, requires_grad=False)
         exported.state_dict[name] = tensor
     vocabularies = {}
+    zch = [i for i, f in enumerate(manifest["input"]["sparse"]) if f["mode"] == "zch"]
+    # The program's read-only remaps, in contract order: owned keys, then int64-max padding.
+    zch_keys = {f: state[f"remaps.{i}.index_keys"][:int(
+        (state[f"remaps.{i}.index_slots"] != 0).sum())] for i, f in enumerate(zch)}
     for feature in manifest["input"]["sparse"]:
         if feature["mode"] == "vocab":
             vocabularies[feature["name"]] = _read_vocabulary(folder, manifest, feature)
@@ -527,7 +547,9 @@ def load(folder, device="cpu", compile=False, verify_key=None):
             warnings.warn(f"{folder}: the program could not be compiled "
                           f"({type(exc).__name__}: {reason}); it runs as exported",
                           RuntimeWarning, stacklevel=2)
-    return ServingModel(folder, manifest, module, vocabularies, compiled)
+    serving = ServingModel(folder, manifest, module, vocabularies, compiled)
+    serving.zch_keys = zch_keys
+    return serving
 
 
 def _read_vocabulary(folder, manifest, feature):

@@ -10,7 +10,9 @@ of one Python call per value:
 - hex / int keys: parsed from the digits' bytes as one (rows x digits) matrix;
 - hash mode: key mod hash size (floor modulo), missing -> id 0; vocabulary mode: a binary
   search in the sorted keys built once at load (``null`` is the key of a missing value,
-  unseen keys id 0); id mode: the id itself, in range;
+  unseen keys id 0); id mode: the id itself, in range; zch mode (managed collisions): the
+  raw 64-bit key (hex bits read as signed, strings through :func:`stable_key`), missing ->
+  0, which the exported program maps to a slot;
 - string hash: the loader's hasher (polars' hash, proven on the artifact's probes);
 - derived features (``hour_of_day`` 0-23, ISO ``weekday`` 1-7, ``day`` 1-31) from their raw
   timestamp column, e.g. Avazu's ``hour`` (``YYMMDDHH``).
@@ -24,6 +26,7 @@ Example:
     >>> dense, ids, lengths = encoder.encode({"hour": ["14102100"], "C1": ["1005"]}, 1)
 """
 
+import hashlib
 import itertools
 import os
 import re
@@ -197,6 +200,10 @@ class Encoder:
             ids[missing] = 0
         elif mode == "vocab":
             ids = self._vocab[name].lookup(keys, missing)
+        elif mode == "zch":  # the raw 64-bit key; the program maps it to a slot
+            ids = keys.astype(np.uint64).view(np.int64) if kind == "hex" \
+                else keys.astype(np.int64)
+            ids = np.where(missing, 0, ids)
         else:  # ids as given
             ids = np.where(missing, 0, keys.astype(np.int64))
             bad = (ids < 0) | (ids >= size)
@@ -235,10 +242,19 @@ class Encoder:
             found = vocabulary.strings
             ids[present] = [found.get(values[i], 0) for i in present]
             ids[missing] = vocabulary.null_id
+        elif mode == "zch":
+            ids[present] = [stable_key(values[i]) for i in present]
         elif len(present):
             hasher = self._string_hasher(feature)
             ids[present] = hasher([values[i] for i in present])
         return ids
+
+
+def stable_key(text):
+    """A string's raw key for a managed-collision feature, as preprocess computes it
+    (``ctrctl.data.transforms.stable_key``): BLAKE2b's first 8 bytes, signed little-endian."""
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
 def _feature(contract, name):

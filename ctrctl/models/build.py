@@ -28,7 +28,13 @@ from ctrctl.data.manifest import DatasetManifest
 from ctrctl.distributed import checkpoint as dist_ckpt  # a module: it imports training
 from ctrctl.distributed.types import ShardingPlan
 from ctrctl.errors import CheckpointError, ConfigError
-from ctrctl.modules import DLRM, EmbeddingBagCollection, EmbeddingBagConfig
+from ctrctl.modules import (
+    DLRM,
+    CollisionConfig,
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    ManagedCollisionCollection,
+)
 from ctrctl.modules.batched_embedding import Backend
 from ctrctl.modules.dlrm import Interaction
 from ctrctl.modules.embedding_configs import PoolingType
@@ -194,6 +200,7 @@ def dlrm_from_manifest(
     )
     model = DLRM(
         ebc,
+        collisions=managed_collisions(manifest, tables, seed or 0),
         dense_in_features=len(manifest.dense),
         dense_arch_layer_sizes=dense_arch_layer_sizes,
         over_arch_layer_sizes=over_arch_layer_sizes,
@@ -204,6 +211,19 @@ def dlrm_from_manifest(
         first_order=first_order,
     )
     return model.to(device or "cpu")
+
+
+def managed_collisions(manifest: DatasetManifest, tables: Sequence[EmbeddingBagConfig],
+                       seed: int = 0) -> ManagedCollisionCollection | None:
+    """The remappers of the manifest's ``zch`` features (None when it has none)."""
+    configs = {
+        f.name: CollisionConfig(
+            capacity=f.num_embeddings, eviction=f.collision.get("eviction", "lfu"),
+            ttl_days=f.collision.get("ttl_days"),
+            admit_min_count=int(f.collision.get("admit_min_count", 1)))
+        for f in manifest.sparse if f.mode == "zch" and f.collision is not None
+    }
+    return ManagedCollisionCollection(configs, tables, seed=seed) if configs else None
 
 
 def wrap_model(model: nn.Module, plan: ShardingPlan | None, process_group: Any,
@@ -220,6 +240,13 @@ def wrap_model(model: nn.Module, plan: ShardingPlan | None, process_group: Any,
         raise ConfigError(
             "training on several processes needs ctrctl.distributed.model_parallel, which "
             "this installation lacks", hint="train with --nproc-per-node 1") from exc
+    collisions = getattr(_unwrap(model), "collisions", None)
+    if isinstance(collisions, ManagedCollisionCollection):
+        # Every rank updates its remappers with every rank's keys: one state on all ranks.
+        import torch.distributed as dist
+
+        collisions.process_group = process_group if process_group is not None \
+            else dist.group.WORLD
     return DistributedModelParallel(model, plan=plan, process_group=process_group,
                                     dense_process_group=dense_process_group)
 

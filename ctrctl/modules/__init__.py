@@ -6,6 +6,8 @@ Example:
 """
 
 from ctrctl.modules.batched_embedding import BatchedEmbeddingBag
+from ctrctl.modules.collision_collection import ManagedCollisionCollection
+from ctrctl.modules.collisions import CollisionConfig, CollisionRemapper
 from ctrctl.modules.dlrm import DLRM, dlrm_loss
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
@@ -17,6 +19,9 @@ __all__ = [
     "DLRM",
     "MLP",
     "BatchedEmbeddingBag",
+    "CollisionConfig",
+    "CollisionRemapper",
+    "ManagedCollisionCollection",
     "DCNInteraction",
     "DotInteraction",
     "LowRankCrossNet",

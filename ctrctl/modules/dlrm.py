@@ -35,6 +35,7 @@ from torch import nn
 
 from ctrctl.compat import bf16_autocast_supported
 from ctrctl.errors import ConfigError
+from ctrctl.modules.collision_collection import ManagedCollisionCollection
 from ctrctl.modules.embedding_modules import EmbeddingBagCollection
 from ctrctl.modules.interaction import (
     DCNInteraction,
@@ -124,6 +125,8 @@ class DLRM(nn.Module):
             constant dense input, and each embedding's dot with the vector is its first-order
             term (the pairs of embeddings alone have none: a user and an item of MovieLens
             would get no bias). False: the embeddings' pairwise dots only.
+        collisions: the remappers of managed-collision tables: they turn those features'
+            raw keys into slots before the lookup (:mod:`ctrctl.modules.collision_collection`).
     """
 
     def __init__(
@@ -138,6 +141,7 @@ class DLRM(nn.Module):
         dense_autocast: bool = False,
         interaction_pad_to: int = 8,
         first_order: bool = True,
+        collisions: ManagedCollisionCollection | None = None,
     ) -> None:
         super().__init__()
         if dense_in_features < 0:
@@ -167,6 +171,7 @@ class DLRM(nn.Module):
         self.num_sparse_features = len(embedding_bag_collection.feature_names())
         self.embedding_dim = embedding_dim
         self.sparse_arch = embedding_bag_collection
+        self.collisions = collisions
         self.dense_arch: MLP | None = (
             MLP(dense_in_features, dense_arch_layer_sizes) if dense_in_features else None)
         self.interaction: DotInteraction | SparseDotInteraction | DCNInteraction
@@ -207,6 +212,8 @@ class DLRM(nn.Module):
         A model without dense features takes a (B, 0) ``dense`` (its batch size is read).
         """
         batch = dense.size(0)
+        if self.collisions is not None:  # raw keys -> slots, before any input distribution
+            features = self.collisions(features, self.sparse_arch)
         pooled = self.sparse_arch(features).values()  # (B, F * D)
         sparse = pooled.view(batch, self.num_sparse_features, self.embedding_dim)  # (B, F, D)
         autocast = (

@@ -164,6 +164,7 @@ def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool
                                       "rowwise_adagrad")
     num_dense = 13  # DLRM's Criteo default when no dataset says otherwise
     train_rows: int | None = None
+    zch_bytes = 0  # managed-collision remappers: replicated on every rank
     if request.tables is not None:
         tables = tables_from_yaml(request.tables, optimizer=optimizer)
         dataset = None
@@ -187,6 +188,7 @@ def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool
         assert dataset is not None
         manifest = DatasetManifest.load(dataset)
         tables = tables_from_manifest(manifest, embedding_dim=dim, optimizer=optimizer)
+        zch_bytes = collision_state_bytes(manifest)
         num_dense = len(manifest.dense)
         train_rows = manifest.splits["train"].rows if "train" in manifest.splits else None
     if cfg is not None:
@@ -230,7 +232,11 @@ def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool
         per_rank = max(batch // topology.world_size, 1) if global_batch else batch
         topology = dataclasses.replace(topology, dense_bytes=dense_model_bytes(
             cfg, num_dense, len(tables), per_rank))
+    if zch_bytes:
+        topology = dataclasses.replace(topology,
+                                       dense_bytes=topology.dense_bytes + zch_bytes)
     resolved = {"dataset": str(dataset) if dataset else None,
+                "zch_state_bytes_per_rank": zch_bytes,
                 "tables_file": str(request.tables) if request.tables else None,
                 "config": str(request.config) if request.config else None,
                 "device": topology.device, "optimizer": optimizer,
@@ -295,3 +301,17 @@ def run_plan(request: PlanRequest, tracker: Tracker | None = None) -> PlanOutcom
             else:
                 run.log_dict(result.plan.to_dict(), "plan.json")
     return outcome
+
+
+def collision_state_bytes(manifest: Any) -> int:
+    """Bytes of the managed-collision (zch) remappers of a dataset's tables, held by every
+    rank (their state is replicated, not sharded with the rows): the plan counts them
+    beside the dense model."""
+    from ctrctl.modules.collisions import CollisionConfig
+
+    return sum(CollisionConfig(capacity=f.num_embeddings,
+                               eviction=f.collision.get("eviction", "lfu"),
+                               ttl_days=f.collision.get("ttl_days"),
+                               admit_min_count=int(f.collision.get("admit_min_count", 1))
+                               ).state_bytes()
+               for f in manifest.sparse if f.mode == "zch" and f.collision)

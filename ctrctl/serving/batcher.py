@@ -250,7 +250,13 @@ class Batcher:
 
     def _count_oov(self, job: Job, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
                    ) -> None:
-        """Rows of a vocabulary feature whose present value mapped to row 0 (unknown)."""
+        """Rows of a vocabulary feature whose present value mapped to row 0 (unknown), and
+        keys of a managed-collision feature that own no row."""
+        zch = getattr(self.model, "zch_keys", None)
+        if zch:
+            for name, n in self.model.default_row_lookups(inputs[1], inputs[2]).items():
+                if n:
+                    self.metrics.zch_default.labels(name).inc(n)
         if not self._vocab_features:
             return
         _, ids, lengths = inputs

@@ -17,6 +17,7 @@ Names::
     ctrctl_feature_values_total{feature}                            counter
     ctrctl_feature_missing_total{feature}                           counter (rate: / values)
     ctrctl_feature_oov_total{feature}                               counter (vocabulary features)
+    ctrctl_zch_default_lookups_total{feature}                       counter (zch features)
     ctrctl_log_rows_total / ctrctl_log_dropped_total                counters
     ctrctl_model_info{role,model_version}                           gauge (1 = serving)
 """
@@ -73,6 +74,9 @@ class Metrics:
         self.feature_oov = Counter("ctrctl_feature_oov", "Rows whose value of a vocabulary "
                                    "feature is not in the vocabulary.", ["feature"],
                                    registry=r)
+        self.zch_default = Counter("ctrctl_zch_default_lookups", "Keys of a managed-"
+                                   "collision feature that own no row (scored with the "
+                                   "shared default row).", ["feature"], registry=r)
         self.log_rows = Counter("ctrctl_log_rows", "Rows written to the request log.",
                                 registry=r)
         self.log_dropped = Counter("ctrctl_log_dropped", "Rows the request log dropped "

@@ -53,6 +53,7 @@ from ctrctl.modules import native
 from ctrctl.progress import Progress, format_value
 from ctrctl.tracking import Run, Tracker
 from ctrctl.training.cache_report import format_cache_report, gather_cache_metrics
+from ctrctl.training.collision_report import collision_metrics, format_collision_report
 from ctrctl.training.early_stopping import EarlyStopping
 from ctrctl.training.optimizers import dense_optimizer
 from ctrctl.training.result import TrainResult
@@ -290,8 +291,8 @@ class _Trainer:
         self.history.append(entry)
         self.metrics.update({k: v for k, v in entry.items() if k != "step"})
         if self.rank == 0:
-            self.run.log_metrics({k: v for k, v in entry.items() if k != "step"},
-                                 step=self.step)
+            self.run.log_metrics({k: v for k, v in entry.items() if k != "step"}
+                                 | collision_metrics(self.model), step=self.step)
             logger.info("step %d: %s", self.step,
                         " ".join(f"{k}={format_value(k, v)}" for k, v in entry.items()
                                  if k != "step"))
@@ -555,6 +556,7 @@ def train(
         summary = trainer.summary()
         # after the final checkpoint, so its flush's write-backs are counted
         cache = gather_cache_metrics(trainer.model, world_size)
+        zch = collision_metrics(trainer.model)  # the same on every rank
         result = TrainResult(out=out, step=trainer.step, checkpoint=path,
                              metrics=dict(trainer.metrics), history=list(trainer.history),
                              samples_per_s=rate, stop_reason=trainer.stop_reason,
@@ -564,10 +566,14 @@ def train(
                 "step": trainer.step, "finished": finished, **summary,
                 "rows_trained": trainer.rows_trained * world_size,
                 "metrics": result.metrics, "samples_per_s": rate, "history": result.history,
-                "checkpoint": str(path), **({"cache": cache} if cache else {})})
+                "checkpoint": str(path), **({"cache": cache} if cache else {}),
+                **({"collisions": zch} if zch else {})})
             if cache:
                 run.log_metrics(cache, step=trainer.step)
                 logger.info("cached tables:\n%s", format_cache_report(cache))
+            if zch:
+                run.log_metrics(zch, step=trainer.step)
+                logger.info("managed-collision tables:\n%s", format_collision_report(zch))
             run.log_metrics({"train.samples_per_s_total": rate}, step=trainer.step)
             # The kept model's validation (the best step's when its weights were restored),
             # logged last at the final step, so MLflow's runs list shows it, not the last one.

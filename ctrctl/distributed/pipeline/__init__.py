@@ -19,6 +19,7 @@ from ctrctl.distributed.pipeline.semi_sync import SemiSyncPipeline
 from ctrctl.distributed.pipeline.sparse_dist import SparseDistPipeline
 from ctrctl.distributed.pipeline.trace import Tracer, write_trace
 from ctrctl.errors import ConfigError
+from ctrctl.modules.collision_collection import ManagedCollisionCollection
 
 __all__ = ["PIPELINES", "BasePipeline", "PrefetchPipeline", "SemiSyncPipeline",
            "SparseDistPipeline", "StepOutput", "TrainPipeline", "Tracer", "choose_pipeline",
@@ -32,11 +33,20 @@ PIPELINES: dict[str, type[TrainPipeline]] = {
 def choose_pipeline(name: str, model: nn.Module) -> str:
     """``auto`` -> the fastest exact pipeline for the model: ``prefetch`` when a table is
     cached, else ``sparse-dist``; any other name is checked and returned."""
+    # A batch read ahead would be distributed (or prefetched) with its raw keys, before the
+    # model's remappers turn them into rows: zch models step one batch at a time.
+    managed = any(isinstance(m, ManagedCollisionCollection) for m in model.modules())
     if name == "auto":
+        if managed:
+            return "base"
         return "prefetch" if cached_collections(model) else "sparse-dist"
     if name not in PIPELINES:
         raise ConfigError(f"unknown pipeline {name!r}", where="training.pipeline",
                           hint=f"use auto or one of {', '.join(PIPELINES)}")
+    if managed and name != "base":
+        raise ConfigError(f"the {name} pipeline reads batches ahead, but managed-collision "
+                          "tables map a batch's raw keys to rows only in its forward",
+                          where="training.pipeline", hint="use training.pipeline: auto or base")
     return name
 
 

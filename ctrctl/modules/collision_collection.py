@@ -1,0 +1,209 @@
+"""The remappers of a model's managed-collision tables, applied to a KJT before the lookup.
+
+::
+
+    KJT (raw keys for zch features) --ManagedCollisionCollection--> KJT (slots) --EBC--> pooled
+                                     + rows given to new owners re-initialised (weights, and
+                                       optimizer state zeroed) in whatever holds them
+
+The collection runs before the embedding collection and before any input distribution, so
+it works the same for every sharding type: the rows it resets are written wherever they
+live (an unsharded collection's tables, or each shard a rank holds: table-wise, row-wise,
+column-wise, data-parallel, cached). Training with several ranks, each rank gathers every
+rank's keys (``process_group``), updates its remappers with the whole step, and keeps its
+own share: all ranks hold the same state, and it depends only on the multiset of keys of a
+step (not their order), so a world-2 run and a world-1 run over the same global batches
+agree.
+
+Example:
+    >>> mc = ManagedCollisionCollection(
+    ...     {"user": CollisionConfig(capacity=100_000, eviction="lru")}, tables=ebc_configs)
+    >>> kjt = mc(kjt, ebc)          # user's raw keys -> slots; evicted rows reset in ebc
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ctrctl.errors import ConfigError
+from ctrctl.modules.collisions import CollisionConfig, CollisionRemapper
+from ctrctl.modules.embedding_configs import EmbeddingBagConfig
+from ctrctl.sparse import KeyedJaggedTensor
+
+
+class ManagedCollisionCollection(nn.Module):
+    """One :class:`CollisionRemapper` per managed-collision table.
+
+    Args:
+        collisions: table name -> its collision config (capacity = the table's rows).
+        tables: every table's config (features, rows, dims and init ranges come from here).
+        seed: seed of the re-initialisation of reassigned rows (with the table name and step,
+            so every rank draws the same rows); kept in the state dict.
+        process_group: training with several ranks: the group whose keys are gathered.
+
+    The remappers update in training mode (``model.train()``) and only look up in eval mode.
+    """
+
+    def __init__(self, collisions: Mapping[str, CollisionConfig],
+                 tables: Sequence[EmbeddingBagConfig], seed: int = 0,
+                 process_group: Any | None = None) -> None:
+        super().__init__()
+        by_name = {t.name: t for t in tables}
+        unknown = sorted(set(collisions) - set(by_name))
+        if unknown:
+            raise ConfigError(f"collision configs name unknown tables {unknown}",
+                              where="ManagedCollisionCollection")
+        for name, config in collisions.items():
+            if config.capacity != by_name[name].num_embeddings:
+                raise ConfigError(
+                    f"table {name!r} has {by_name[name].num_embeddings} rows but its "
+                    f"collision capacity is {config.capacity}",
+                    where="ManagedCollisionCollection", hint="size the table by the capacity")
+        self.remappers = nn.ModuleDict({n: CollisionRemapper(c) for n, c in collisions.items()})
+        self._tables = {n: by_name[n] for n in collisions}
+        self._table_of = {f: t.name for t in tables if t.name in collisions
+                          for f in t.feature_names}
+        # A buffer, so that a resumed model re-draws rows as the saved one would have.
+        self.reset_seed: torch.Tensor
+        self.register_buffer("reset_seed", torch.tensor(seed, dtype=torch.int64))
+        self.process_group = process_group
+        #: The data time (days) of the coming training step; ttl tables need it.
+        self.now: float | None = None
+
+    def table_features(self) -> dict[str, str]:
+        """Feature -> its managed-collision table."""
+        return dict(self._table_of)
+
+    def features(self) -> list[str]:
+        """The KJT keys whose values are raw keys."""
+        return list(self._table_of)
+
+    def forward(self, features: KeyedJaggedTensor, tables: nn.Module | None = None,
+                now: float | None = None) -> KeyedJaggedTensor:
+        """``features`` with every managed feature's raw keys replaced by slots.
+
+        Args:
+            features: the batch (other features pass through unchanged).
+            tables: the embedding collection (or its sharded form) whose rows the remappers
+                serve; in training, rows given to new owners are reset there.
+            now: the step's data time in days (default :attr:`now`).
+        """
+        keys = features.keys()
+        managed = [i for i, k in enumerate(keys) if k in self._table_of]
+        if not managed:
+            return features
+        update = self.training
+        now = self.now if now is None else now
+        values = features.values()
+        bounds = features.offset_per_key()
+        gathered = self._gather(values, features.length_per_key()) if update else None
+        new_values = values.clone()
+        for i in managed:
+            remapper = self._remapper(keys[i])
+            local = values[bounds[i]:bounds[i + 1]]
+            if gathered is None:
+                new_values[bounds[i]:bounds[i + 1]] = remapper.remap(local, now, update)
+            else:
+                parts, rank = gathered[i], _rank(self.process_group)
+                slots = remapper.remap(torch.cat(parts), now, update)
+                start = sum(p.numel() for p in parts[:rank])
+                new_values[bounds[i]:bounds[i + 1]] = slots[start:start + local.numel()]
+        if update and tables is not None:
+            self.reset_rows(tables)
+        return KeyedJaggedTensor(
+            keys=keys, values=new_values, weights=features.weights_or_none(),
+            lengths=features.lengths(), offsets=features.offsets(), stride=features.stride(),
+            length_per_key=features.length_per_key(), offset_per_key=bounds)
+
+    def _remapper(self, feature: str) -> CollisionRemapper:
+        remapper = self.remappers[self._table_of[feature]]
+        assert isinstance(remapper, CollisionRemapper)
+        return remapper
+
+    def _gather(self, values: torch.Tensor,
+                length_per_key: list[int]) -> list[list[torch.Tensor]] | None:
+        """Per feature, every rank's keys in rank order (None on one process)."""
+        group = self.process_group
+        if group is None:
+            return None
+        import torch.distributed as dist
+
+        world = dist.get_world_size(group)
+        if world == 1:
+            return None
+        lengths = torch.tensor(length_per_key, dtype=torch.int64, device=values.device)
+        all_lengths = [torch.empty_like(lengths) for _ in range(world)]
+        dist.all_gather(all_lengths, lengths, group=group)
+        longest = max(int(t.sum()) for t in all_lengths)
+        padded = torch.zeros(longest, dtype=torch.int64, device=values.device)
+        padded[: values.numel()] = values
+        all_values = [torch.empty_like(padded) for _ in range(world)]
+        dist.all_gather(all_values, padded, group=group)
+        out: list[list[torch.Tensor]] = [[] for _ in length_per_key]
+        for rank_lengths, rank_values in zip(all_lengths, all_values, strict=True):
+            start = 0
+            for f, n in enumerate(rank_lengths.tolist()):
+                out[f].append(rank_values[start:start + n])
+                start += n
+        return out
+
+    # ---- resetting reassigned rows ------------------------------------------------------
+
+    @torch.no_grad()
+    def reset_rows(self, tables: nn.Module) -> dict[str, int]:
+        """Re-initialise the rows given to new owners since the last call, and zero their
+        optimizer state, wherever ``tables`` holds them; returns rows reset per table."""
+        done: dict[str, int] = {}
+        for name, module in self.remappers.items():
+            assert isinstance(module, CollisionRemapper)
+            slots = module.take_reassigned()
+            if slots.numel() == 0:
+                continue
+            config = self._tables[name]
+            generator = torch.Generator().manual_seed(
+                int(self.reset_seed) * 1_000_003 + zlib.crc32(name.encode()) * 7919
+                + int(module.step))
+            low, high = config.init_range
+            fresh = torch.empty(slots.numel(), config.embedding_dim).uniform_(
+                low, high, generator=generator)  # (n, D), the same on every rank
+            for row0, col0, weight, state in _blocks(tables, name):
+                inside = (slots >= row0) & (slots < row0 + weight.size(0))
+                rows = slots[inside] - row0
+                if rows.numel() == 0:
+                    continue
+                cols = slice(col0, col0 + weight.size(1))
+                weight[rows.to(weight.device)] = fresh[inside.cpu()][:, cols].to(
+                    weight.device, weight.dtype)
+                for tensor in state.values():
+                    tensor[rows.to(tensor.device)] = 0
+            done[name] = slots.numel()
+        return done
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Per table, its remapper's statistics (see :meth:`CollisionRemapper.stats`)."""
+        return {name: module.stats() for name, module in self.remappers.items()
+                if isinstance(module, CollisionRemapper)}
+
+
+def _rank(group: Any) -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank(group)
+
+
+def _blocks(tables: nn.Module, name: str
+            ) -> list[tuple[int, int, torch.Tensor, dict[str, torch.Tensor]]]:
+    """(row offset, column offset, weight view, optimizer state views) of every block of
+    table ``name`` held here: the whole table, or each local shard of a sharded collection."""
+    local_shards = getattr(tables, "local_shards", None)
+    if callable(local_shards):
+        return [(s.metadata.row_offset, s.metadata.col_offset, s.weight, s.optimizer_state)
+                for s in local_shards([name]) if s.table == name]
+    weights = tables.embedding_bag_weights([name])  # type: ignore[operator]
+    states = tables.optimizer_state([name])  # type: ignore[operator]
+    return [(0, 0, weights[name], states.get(name, {}))]

@@ -1,0 +1,108 @@
+"""Rank bodies for managed-collision tests: a DLRM with a zch table, trained sharded on gloo,
+saved, and resumed under another world size and plan (importable by spawned ranks).
+
+Every world size trains on the same global batches of :data:`GLOBAL_BATCH` rows, rank ``r``
+taking rows ``[r * B / W, (r + 1) * B / W)``; the loss of a step is the mean of the ranks'
+means (equal shares: the global mean), so a run on 1, 2 or 4 ranks takes the same steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ctrctl import checkpoint as ckpt
+from ctrctl.distributed.checkpoint import gather_table_weights, load_sharded, save_sharded
+from ctrctl.distributed.default_plan import forced_plan
+from ctrctl.models.build import dense_parameters, dense_state, load_dense_state, wrap_model
+from ctrctl.modules import (
+    DLRM,
+    CollisionConfig,
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingOptimizerConfig,
+    ManagedCollisionCollection,
+    dlrm_loss,
+)
+from ctrctl.sparse import KeyedJaggedTensor
+
+GLOBAL_BATCH = 8
+DIM = 8
+#: Raw user keys: far more than the zch table's rows, so every step admits and evicts.
+USER_KEYS = [(7919 * k) ** 3 - 2**61 for k in range(1, 41)]
+
+
+def zch_dlrm(seed: int, capacity: int = 12) -> DLRM:
+    tables = [EmbeddingBagConfig("user", capacity, DIM, ["user"]),
+              EmbeddingBagConfig("item", 16, DIM, ["item"])]
+    # exact_adagrad: per-element state, so column shards step as the whole row does
+    # (rowwise Adagrad's state is a mean over the columns a shard holds).
+    optimizer = EmbeddingOptimizerConfig(kind="exact_adagrad", lr=0.2)
+    ebc = EmbeddingBagCollection(tables, optimizer=optimizer, seed=seed)
+    mc = ManagedCollisionCollection({"user": CollisionConfig(capacity, eviction="lru")}, tables,
+                                    seed=seed)
+    torch.manual_seed(seed)
+    return DLRM(ebc, 2, [8, DIM], [8, 1], collisions=mc)
+
+
+def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step ``step``'s rows: dense (B, 2), user keys (B,), item ids (B,), labels (B,)."""
+    gen = torch.Generator().manual_seed(1000 + step)
+    users = torch.tensor(USER_KEYS)[torch.randint(0, len(USER_KEYS), (GLOBAL_BATCH,),
+                                                  generator=gen)]
+    return (torch.randn(GLOBAL_BATCH, 2, generator=gen), users,
+            torch.randint(0, 16, (GLOBAL_BATCH,), generator=gen),
+            torch.randint(0, 2, (GLOBAL_BATCH,), generator=gen))
+
+
+def _rank_rows(step: int, rank: int, world: int
+               ) -> tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor]:
+    dense, users, items, labels = global_batch(step)
+    share = GLOBAL_BATCH // world
+    rows = slice(rank * share, (rank + 1) * share)
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        ["user", "item"], torch.cat([users[rows], items[rows]]),
+        torch.ones(2 * share, dtype=torch.int64))
+    return dense[rows], kjt, labels[rows]
+
+
+def train_body(rank: int, world_size: int, plan_types: str | Mapping[str, str],
+               steps: Sequence[int], load_from: str | None = None,
+               save_to: str | None = None) -> dict[str, Any]:
+    """Train ``steps`` (global batch numbers) sharded per ``plan_types``, from a fresh model
+    or a checkpoint; optionally save one. Returns the global losses, the full tables, the
+    remapper state (rank 0's) and the checkpoint's path."""
+    model = zch_dlrm(seed=3 if load_from is None else 77)  # a resume must not need the seed
+    plan = forced_plan(model.sparse_arch.embedding_bag_configs(), world_size, plan_types)
+    dmp = wrap_model(model, plan, dist.group.WORLD)
+    if load_from is not None:
+        load_sharded(load_from, dmp)
+        state, _ = ckpt.load_dense(load_from)
+        load_dense_state(dmp, state)
+    opt = torch.optim.SGD(dense_parameters(dmp), lr=0.1)
+    losses = []
+    for step in steps:
+        dense, kjt, labels = _rank_rows(step, rank, world_size)
+        loss = dlrm_loss(dmp(dense, kjt), labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        losses.append(float(total) / world_size)
+    path = None
+    if save_to is not None:
+        path = str(save_sharded(save_to, steps[-1], dmp, dense_state(dmp), {}, {}, {}))
+    collisions = model.collisions
+    assert collisions is not None
+    return {"losses": losses, "tables": gather_table_weights(dmp),
+            "remapper": {k: v.clone() for k, v in collisions.state_dict().items()},
+            "path": path}
+
+
+def checkpoint_exists(path: str) -> bool:
+    return Path(path, "metadata.json").is_file()
