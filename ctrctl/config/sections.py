@@ -216,6 +216,9 @@ class TrainingConfig(_Section):
             changes the numerics).
         semi_sync_start_step: ``semi-sync`` runs synchronously before this step.
         trace: write a Chrome trace of the pipeline's stages (per step, per thread) here.
+        init_from: warm start: a checkpoint (step, ``checkpoints`` or output folder) or a
+            registered ``models:/NAME@ALIAS`` whose weights and optimizer state the run
+            starts from (:mod:`ctrctl.training.warm_start`); steps and schedule start fresh.
     """
 
     batch_size: int | None = Field(default=None, gt=0)
@@ -239,6 +242,7 @@ class TrainingConfig(_Section):
     pipeline: Literal["auto", "base", "sparse-dist", "semi-sync", "prefetch"] = "auto"
     semi_sync_start_step: int = Field(default=100, ge=0)
     trace: str | None = None
+    init_from: str | None = None
 
 
 # ---- sections of the other steps -----------------------------------------------------------
