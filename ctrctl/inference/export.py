@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ctrctl.data.manifest import DatasetManifest
+from ctrctl.data.reference import REFERENCE_FILE, reference_stats
 from ctrctl.data.transforms import STRING_HASH_SEED
 from ctrctl.errors import CheckpointError, ConfigError, DatasetError, OutputExistsError
 from ctrctl.inference import standalone
@@ -289,6 +290,8 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
                     (stage / "dataset" / "vocab").mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(source, stage / "dataset" / "vocab" / f"{name}.parquet")
                     files[f"dataset/vocab/{name}.parquet"] = {}
+            if _write_reference(Path(dataset) if dataset else None, stage / "dataset"):
+                files[f"dataset/{REFERENCE_FILE}"] = {}
         for relative, entry in files.items():
             entry["sha256"] = file_sha256(stage / relative)
             entry["bytes"] = (stage / relative).stat().st_size
@@ -300,6 +303,19 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
         readable_by_others(stage)
     logger.info("serving artifact written: %s", out)
     return out
+
+
+def _write_reference(dataset: Path | None, folder: Path) -> bool:
+    """The training split's statistics (what ``ctrctl monitor`` measures drift against)."""
+    if dataset is None or not (dataset / "manifest.json").is_file():
+        return False
+    try:
+        stats = reference_stats(dataset, "train")
+    except (DatasetError, OSError) as exc:
+        logger.warning("no reference statistics in the export: %s", exc)
+        return False
+    write_json_atomic(folder / REFERENCE_FILE, stats)
+    return True
 
 
 def signing_key(key: str | Path | bytes) -> bytes:
