@@ -130,8 +130,15 @@ def _preprocess_inputs(ctx: Context) -> dict[str, Path]:
 
 def _preprocess(ctx: Context, resume: bool) -> dict[str, Any]:
     from ctrctl.data.preprocess import preprocess
+    from ctrctl.data.schema import load_schema
+    from ctrctl.data.schema_drift import check_schema_drift
 
     d = ctx.cfg.data
+    assert d.schema_path is not None
+    # New logs whose columns or formats changed are named before anything is written.
+    check_schema_drift(load_schema(d.schema_path),
+                       [p for _, matches in input_paths(_raw_inputs(ctx)) for p in matches],
+                       where=str(d.schema_path))
     manifest = preprocess(d.schema_path, _raw_inputs(ctx), ctx.dataset,
                           split_ratio=d.split_ratio, seed=d.split_seed,
                           on_bad_rows=d.on_bad_rows, val_fraction=d.val_fraction,
