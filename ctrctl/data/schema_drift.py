@@ -140,7 +140,9 @@ def _values(schema: Schema, path: Path, lines: list[str], start: int,
         reads = _reader(column, schema)
         if reads is None:
             continue
-        seen, bad, first, kinds = 0, 0, None, {}
+        seen, bad = 0, 0
+        first: tuple[int, str, str] | None = None
+        kinds: dict[str, int] = {}
         for number, line in enumerate(lines, start=start):
             fields = line.split(schema.sep)
             if len(fields) != len(columns) or not fields[i]:
