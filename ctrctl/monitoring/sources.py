@@ -104,8 +104,26 @@ def resolve_model(uri: str, tracking_uri: str | None = None) -> MonitoredModel:
         raise ConfigError("the checkpoint's training dataset is gone: its statistics are "
                           "the reference", where=str(meta.path),
                           hint="monitor the model's export (ctrctl quantize), which carries them")
-    return MonitoredModel(uri, "checkpoint", meta.path, reference_stats(dataset, "train"),
+    return MonitoredModel(uri, "checkpoint", meta.path, _checkpoint_reference(meta.path,
+                                                                              Path(dataset)),
                           path.resolve().name, f"step-{meta.step}")
+
+
+def _checkpoint_reference(checkpoint: Path, dataset: Path) -> dict[str, Any]:
+    """The training split's statistics with the checkpoint's scores on the same rows."""
+    import torch
+
+    from ctrctl.data.dataset import BatchLoader
+    from ctrctl.data.reference import MAX_ROWS
+    from ctrctl.models.scoring import load_model
+
+    model, _, _ = load_model(checkpoint)
+    loader = BatchLoader.for_scoring(dataset, "train", 8192, num_workers=1, max_rows=MAX_ROWS)
+    with torch.no_grad():
+        scores = [torch.sigmoid(model(b.dense, b.sparse).float()).numpy()
+                  for b in loader.epoch(0)]
+    return reference_stats(dataset, "train", max_rows=MAX_ROWS,
+                           scores=np.concatenate(scores) if scores else None)
 
 
 def _export(uri: str, folder: Path) -> MonitoredModel:

@@ -37,6 +37,9 @@ def test_the_export_carries_its_training_statistics(exported: Exported) -> None:
     assert set(stats["dense"]) == {f"I{i}" for i in range(1, 14)}
     assert sum(stats["sparse"]["C1"]["shares"]) + stats["sparse"]["C1"]["other"] == \
         pytest.approx(1.0)
+    # the exported model's scores on the same rows: the scores' reference
+    assert sum(stats["score"]["shares"]) == pytest.approx(1.0)
+    assert 0.0 < stats["score"]["mean"] < 1.0
 
 
 def test_monitor_on_a_split_with_checkpoint_and_export(exported: Exported, tmp_path: Path
@@ -48,10 +51,12 @@ def test_monitor_on_a_split_with_checkpoint_and_export(exported: Exported, tmp_p
                     dataset=exported.dataset, split="test")
     # the training split against its own statistics: no drift
     assert a.metrics["psi"]["max"] < 0.01
+    assert a.metrics["score"]["psi"] < 0.01  # the same model on the same rows
     assert a.metrics["rows"] == a.metrics["labelled_rows"] > 0
     assert 0.5 < a.metrics["auc"] <= 1.0 and a.metrics["segments"]
     assert (tmp_path / "a" / "reliability.png").is_file() and (tmp_path / "a" / "psi.png").is_file()
     assert b.metrics["model"]["kind"] == "checkpoint" and b.metrics["psi"]["max"] > 0
+    assert b.metrics["score"]["psi"] is not None
 
 
 def test_cli_gate_breach_exits_3(exported: Exported, tmp_path: Path) -> None:
