@@ -98,6 +98,7 @@ def registry_tags(ctx: Any) -> dict[str, str]:
         if digest:
             tags[f"ctrctl.dataset.{split}.sha256"] = digest
     tags["ctrctl.dataset.digest"] = tags.get("ctrctl.dataset.train.sha256", "")
+    tags.update(parent_tags(ctx.checkpoint()))
     evaluated = ctx.summaries.get("eval", {})
     for key in ("auc", "logloss", "ne", "calibration", "ece", "pr_auc", "rows"):
         if evaluated.get(key) is not None:
@@ -106,6 +107,15 @@ def registry_tags(ctx: Any) -> dict[str, str]:
     tags["ctrctl.gates.passed"] = str(bool(evaluated.get("gates_passed", False))).lower()
     tags["ctrctl.gates.results"] = json.dumps(evaluated.get("gates", []))
     return tags
+
+
+def parent_tags(checkpoint: Path) -> dict[str, str]:
+    """The warm start's parent of a checkpoint (none for a run trained from scratch)."""
+    from ctrctl.checkpoint import read_metadata
+
+    parent = read_metadata(checkpoint).extra.get("parent") or {}
+    return {f"ctrctl.parent.{key}": str(parent.get(key, ""))
+            for key in ("source", "checkpoint", "step", "model_version")} if parent else {}
 
 
 def register(ctx: Any) -> dict[str, Any]:

@@ -177,6 +177,18 @@ def _train_settings(ctx: Context) -> dict[str, Any]:
             "eval_batch_size": c.eval.batch_size, "nproc_per_node": c.runner.nproc_per_node}
 
 
+def _train_inputs(ctx: Context) -> dict[str, Path]:
+    """The dataset, the plan and a warm start's parent checkpoint (by content: a parent
+    trained again reruns the step; a ``models:/`` parent is known by its URI only)."""
+    paths = {"dataset": ctx.dataset, "plan": ctx.plan}
+    parent = ctx.cfg.training.init_from
+    if parent and not parent.startswith("models:/"):
+        from ctrctl.checkpoint import resolve_checkpoint
+
+        paths["parent"] = resolve_checkpoint(parent)
+    return paths
+
+
 def _train(ctx: Context, resume: bool) -> dict[str, Any]:
     nproc = ctx.cfg.runner.nproc_per_node
     if resume:
@@ -296,8 +308,7 @@ def steps() -> list[Step]:
              _paths(dataset=lambda c: c.dataset), _preprocess),
         Step("plan", _paths(manifest=lambda c: c.dataset / "manifest.json"), _plan_settings,
              _paths(plan=lambda c: c.plan), _plan),
-        Step("train", _paths(dataset=lambda c: c.dataset, plan=lambda c: c.plan),
-             _train_settings, _paths(checkpoint=Context.checkpoint), _train),
+        Step("train", _train_inputs, _train_settings, _paths(checkpoint=Context.checkpoint), _train),
         Step("eval", _paths(dataset=lambda c: c.dataset, checkpoint=Context.checkpoint),
              lambda c: {"eval": c.cfg.eval.model_dump(mode="json"),
                         "split": c.cfg.runner.eval_split},
