@@ -404,10 +404,19 @@ class RegisterConfig(_Section):
     Attributes:
         model_name: the registered model's name; None registers nothing.
         alias: moved to the new version only when every eval gate passed.
+        champion_metric: ``auc`` or ``logloss``: a version that passed the gates is
+            compared with the one ``champion_alias`` names, both exports scoring the same
+            eval rows in this run (:mod:`ctrctl.runner.promotion`); None: no champion.
+        champion_alias: moved only when the new version beats the champion by more than
+            ``min_gain`` (in ``champion_metric``; the first version to pass takes it).
+        min_gain: the gain that counts as real.
     """
 
     model_name: PathName | None = None
     alias: str = Field(default="candidate", min_length=1)
+    champion_metric: Literal["auc", "logloss"] | None = None
+    champion_alias: str = Field(default="champion", min_length=1)
+    min_gain: float = Field(default=0.0, ge=0.0)
 
 
 class RunnerConfig(_Section):

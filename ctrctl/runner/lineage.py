@@ -135,5 +135,11 @@ def register(ctx: Any) -> dict[str, Any]:
     if not passed:
         logger.warning("a gate failed: version %s of %s registered, alias %r not moved",
                        version, name, ctx.cfg.register.alias)
-    return {"model_uri": f"models:/{name}/{version}", "version": version,
-            "alias_moved": passed, "alias": ctx.cfg.register.alias}
+    summary: dict[str, Any] = {"model_uri": f"models:/{name}/{version}", "version": version,
+                               "alias_moved": passed, "alias": ctx.cfg.register.alias}
+    if passed and version and ctx.cfg.register.champion_metric:
+        from ctrctl.runner.promotion import promote
+
+        decision = promote(ctx, name, str(version))
+        summary.update({"champion": decision.promote, "champion_gain": decision.gain})
+    return summary
