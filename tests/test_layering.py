@@ -68,8 +68,11 @@ ALLOWED: dict[str, frozenset[str]] = {
         "runner": _LIBRARY,
         # The online ranker: the artifact's loader and the raw-log reader (load tests).
         "serving": _L4 | {"inference"},
-        "cli": _LIBRARY | {"runner", "serving"},
-        "ctrctl": _LIBRARY | {"runner", "serving"},  # the public API: lazy re-exports
+        # Drift and calibration of a model on new or served rows (reads serving's registry
+        # source and the export's encoder).
+        "monitoring": _LIBRARY | {"serving"},
+        "cli": _LIBRARY | {"runner", "serving", "monitoring"},
+        "ctrctl": _LIBRARY | {"runner", "serving", "monitoring"},  # the public API: lazy re-exports
         "__main__": {"cli"},
         "testing": _LIBRARY,  # helpers for tests: nothing in the library imports them
     }.items()

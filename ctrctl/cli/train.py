@@ -35,6 +35,13 @@ def train_command(
     resume: Annotated[bool, typer.Option(
         help="Continue from the latest checkpoint in --out, with the run's own settings "
         "(its config.json; overrides apply on top).")] = False,
+    init_from: Annotated[str | None, typer.Option(
+        help="Warm start: begin from this checkpoint (a step, checkpoints or training output "
+        "folder) or registered model (models:/NAME@ALIAS, models:/NAME/VERSION): its dense "
+        "and embedding weights and optimizer state, on this dataset, under any world size or "
+        "plan; steps, schedule and data order start fresh. A hashed table that grew keeps its "
+        "old rows; any other difference from the dataset is refused. training.init_from.",
+        show_default=False)] = None,
     plan: Annotated[Path | None, typer.Option(
         help="Sharding plan (plan.json) for several processes.")] = None,
     nproc_per_node: Annotated[int, typer.Option(
@@ -71,6 +78,8 @@ def train_command(
     overrides = list(overrides or [])
     if pipeline is not None:
         overrides.append(f"training.pipeline={pipeline}")
+    if init_from is not None:
+        overrides.append(f"training.init_from={init_from}")
     if trace is not None:
         overrides.append(f"training.trace={trace.resolve()}")
     cfg = resume_config(out, config, overrides) if resume else load_config(config, overrides)
@@ -84,7 +93,9 @@ def train_command(
             spec = TrainSpec(dataset=str(dataset), out=str(out), config=str(config) if config else None,
                              overrides=tuple(overrides or ()), resume=resume, overwrite=overwrite,
                              plan=str(plan) if plan else None, track=not no_track,
-                             tracking_uri=tracking_uri, experiment=experiment)
+                             tracking_uri=tracking_uri, experiment=experiment,
+                             # every rank resolves a models:/ warm start in this store
+                             env={"MLFLOW_TRACKING_URI": tracking_uri} if tracking_uri else {})
             # A failed rank raises DistributedError naming it (distributed.launch).
             launch_training(spec, nproc_per_node, nnodes, node_rank, rdzv_endpoint)
             console.print(f"[green]trained[/] with {nproc_per_node * nnodes} processes -> {escape(str(out))}")

@@ -216,6 +216,9 @@ class TrainingConfig(_Section):
             changes the numerics).
         semi_sync_start_step: ``semi-sync`` runs synchronously before this step.
         trace: write a Chrome trace of the pipeline's stages (per step, per thread) here.
+        init_from: warm start: a checkpoint (step, ``checkpoints`` or output folder) or a
+            registered ``models:/NAME@ALIAS`` whose weights and optimizer state the run
+            starts from (:mod:`ctrctl.training.warm_start`); steps and schedule start fresh.
     """
 
     batch_size: int | None = Field(default=None, gt=0)
@@ -239,6 +242,7 @@ class TrainingConfig(_Section):
     pipeline: Literal["auto", "base", "sparse-dist", "semi-sync", "prefetch"] = "auto"
     semi_sync_start_step: int = Field(default=100, ge=0)
     trace: str | None = None
+    init_from: str | None = None
 
 
 # ---- sections of the other steps -----------------------------------------------------------
@@ -400,10 +404,19 @@ class RegisterConfig(_Section):
     Attributes:
         model_name: the registered model's name; None registers nothing.
         alias: moved to the new version only when every eval gate passed.
+        champion_metric: ``auc`` or ``logloss``: a version that passed the gates is
+            compared with the one ``champion_alias`` names, both exports scoring the same
+            eval rows in this run (:mod:`ctrctl.runner.promotion`); None: no champion.
+        champion_alias: moved only when the new version beats the champion by more than
+            ``min_gain`` (in ``champion_metric``; the first version to pass takes it).
+        min_gain: the gain that counts as real.
     """
 
     model_name: PathName | None = None
     alias: str = Field(default="candidate", min_length=1)
+    champion_metric: Literal["auc", "logloss"] | None = None
+    champion_alias: str = Field(default="champion", min_length=1)
+    min_gain: float = Field(default=0.0, ge=0.0)
 
 
 class RunnerConfig(_Section):

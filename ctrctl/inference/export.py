@@ -25,11 +25,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 from torch import nn
 
 from ctrctl.data.manifest import DatasetManifest
+from ctrctl.data.reference import MAX_ROWS as REFERENCE_ROWS
+from ctrctl.data.reference import REFERENCE_FILE, reference_stats
 from ctrctl.data.transforms import STRING_HASH_SEED
 from ctrctl.errors import CheckpointError, ConfigError, DatasetError, OutputExistsError
 from ctrctl.inference import standalone
@@ -289,6 +292,9 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
                     (stage / "dataset" / "vocab").mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(source, stage / "dataset" / "vocab" / f"{name}.parquet")
                     files[f"dataset/vocab/{name}.parquet"] = {}
+            if _write_reference(Path(dataset) if dataset else None, stage / "dataset",
+                                model):
+                files[f"dataset/{REFERENCE_FILE}"] = {}
         for relative, entry in files.items():
             entry["sha256"] = file_sha256(stage / relative)
             entry["bytes"] = (stage / relative).stat().st_size
@@ -300,6 +306,29 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
         readable_by_others(stage)
     logger.info("serving artifact written: %s", out)
     return out
+
+
+def _write_reference(dataset: Path | None, folder: Path, model: ShardedDLRM) -> bool:
+    """The training split's statistics, with the exported model's scores on the same rows
+    (what ``ctrctl monitor`` measures drift against)."""
+    from ctrctl.data.dataset import BatchLoader
+    from ctrctl.inference.predictor import batch_inputs
+
+    if dataset is None or not (dataset / "manifest.json").is_file():
+        return False
+    try:
+        loader = BatchLoader.for_scoring(dataset, "train", 8192, num_workers=1,
+                                         max_rows=REFERENCE_ROWS)
+        with torch.no_grad():
+            scores = [model(*batch_inputs(b, model.input_features)).numpy()
+                      for b in loader.epoch(0)]
+        stats = reference_stats(dataset, "train", max_rows=REFERENCE_ROWS,
+                                scores=np.concatenate(scores) if scores else None)
+    except (DatasetError, OSError) as exc:
+        logger.warning("no reference statistics in the export: %s", exc)
+        return False
+    write_json_atomic(folder / REFERENCE_FILE, stats)
+    return True
 
 
 def signing_key(key: str | Path | bytes) -> bytes:

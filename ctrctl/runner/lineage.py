@@ -98,6 +98,7 @@ def registry_tags(ctx: Any) -> dict[str, str]:
         if digest:
             tags[f"ctrctl.dataset.{split}.sha256"] = digest
     tags["ctrctl.dataset.digest"] = tags.get("ctrctl.dataset.train.sha256", "")
+    tags.update(parent_tags(ctx.checkpoint()))
     evaluated = ctx.summaries.get("eval", {})
     for key in ("auc", "logloss", "ne", "calibration", "ece", "pr_auc", "rows"):
         if evaluated.get(key) is not None:
@@ -106,6 +107,15 @@ def registry_tags(ctx: Any) -> dict[str, str]:
     tags["ctrctl.gates.passed"] = str(bool(evaluated.get("gates_passed", False))).lower()
     tags["ctrctl.gates.results"] = json.dumps(evaluated.get("gates", []))
     return tags
+
+
+def parent_tags(checkpoint: Path) -> dict[str, str]:
+    """The warm start's parent of a checkpoint (none for a run trained from scratch)."""
+    from ctrctl.checkpoint import read_metadata
+
+    parent = read_metadata(checkpoint).extra.get("parent") or {}
+    return {f"ctrctl.parent.{key}": str(parent.get(key, ""))
+            for key in ("source", "checkpoint", "step", "model_version")} if parent else {}
 
 
 def register(ctx: Any) -> dict[str, Any]:
@@ -125,5 +135,11 @@ def register(ctx: Any) -> dict[str, Any]:
     if not passed:
         logger.warning("a gate failed: version %s of %s registered, alias %r not moved",
                        version, name, ctx.cfg.register.alias)
-    return {"model_uri": f"models:/{name}/{version}", "version": version,
-            "alias_moved": passed, "alias": ctx.cfg.register.alias}
+    summary: dict[str, Any] = {"model_uri": f"models:/{name}/{version}", "version": version,
+                               "alias_moved": passed, "alias": ctx.cfg.register.alias}
+    if passed and version and ctx.cfg.register.champion_metric:
+        from ctrctl.runner.promotion import promote
+
+        decision = promote(ctx, name, str(version))
+        summary.update({"champion": decision.promote, "champion_gain": decision.gain})
+    return summary

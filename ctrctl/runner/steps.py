@@ -130,8 +130,15 @@ def _preprocess_inputs(ctx: Context) -> dict[str, Path]:
 
 def _preprocess(ctx: Context, resume: bool) -> dict[str, Any]:
     from ctrctl.data.preprocess import preprocess
+    from ctrctl.data.schema import load_schema
+    from ctrctl.data.schema_drift import check_schema_drift
 
     d = ctx.cfg.data
+    assert d.schema_path is not None
+    # New logs whose columns or formats changed are named before anything is written.
+    check_schema_drift(load_schema(d.schema_path),
+                       [p for _, matches in input_paths(_raw_inputs(ctx)) for p in matches],
+                       where=str(d.schema_path))
     manifest = preprocess(d.schema_path, _raw_inputs(ctx), ctx.dataset,
                           split_ratio=d.split_ratio, seed=d.split_seed,
                           on_bad_rows=d.on_bad_rows, val_fraction=d.val_fraction,
@@ -168,6 +175,18 @@ def _train_settings(ctx: Context) -> dict[str, Any]:
             "dense_optimizer": c.dense_optimizer.model_dump(mode="json"),
             "training": c.training.model_dump(mode="json"),
             "eval_batch_size": c.eval.batch_size, "nproc_per_node": c.runner.nproc_per_node}
+
+
+def _train_inputs(ctx: Context) -> dict[str, Path]:
+    """The dataset, the plan and a warm start's parent checkpoint (by content: a parent
+    trained again reruns the step; a ``models:/`` parent is known by its URI only)."""
+    paths = {"dataset": ctx.dataset, "plan": ctx.plan}
+    parent = ctx.cfg.training.init_from
+    if parent and not parent.startswith("models:/"):
+        from ctrctl.checkpoint import resolve_checkpoint
+
+        paths["parent"] = resolve_checkpoint(parent)
+    return paths
 
 
 def _train(ctx: Context, resume: bool) -> dict[str, Any]:
@@ -289,8 +308,7 @@ def steps() -> list[Step]:
              _paths(dataset=lambda c: c.dataset), _preprocess),
         Step("plan", _paths(manifest=lambda c: c.dataset / "manifest.json"), _plan_settings,
              _paths(plan=lambda c: c.plan), _plan),
-        Step("train", _paths(dataset=lambda c: c.dataset, plan=lambda c: c.plan),
-             _train_settings, _paths(checkpoint=Context.checkpoint), _train),
+        Step("train", _train_inputs, _train_settings, _paths(checkpoint=Context.checkpoint), _train),
         Step("eval", _paths(dataset=lambda c: c.dataset, checkpoint=Context.checkpoint),
              lambda c: {"eval": c.cfg.eval.model_dump(mode="json"),
                         "split": c.cfg.runner.eval_split},

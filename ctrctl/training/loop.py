@@ -59,6 +59,7 @@ from ctrctl.training.optimizers import dense_optimizer
 from ctrctl.training.result import TrainResult
 from ctrctl.training.sizes import FEW_STEPS, resolve_sizes
 from ctrctl.training.validation import evaluate_model
+from ctrctl.training.warm_start import resolve_parent, warm_start
 
 __all__ = ["TrainResult", "evaluate_model", "resolve_device", "train"]
 
@@ -159,6 +160,7 @@ class _Trainer:
         # Rows trained on by this rank over the whole run (truthful: partial batches count
         # as their real size).
         self.rows_trained = 0
+        self.parent: dict[str, Any] | None = None  # the warm start's parent model
 
     def describe(self) -> str:
         """The resolved sizes and early stopping, one line, for the log and the CLI."""
@@ -192,6 +194,7 @@ class _Trainer:
             "dataset": str(self.dataset),
             # lets `ctrctl eval` link its run to the training run that made the model
             "mlflow_run_id": self.run.run_id,
+            "parent": self.parent,
         }
 
     def save(self, folder: str = "checkpoints", keep: int | None = None,
@@ -260,6 +263,7 @@ class _Trainer:
         self.loss_sum.fill_(float(loss_sum))
         self.rows_trained = int(state.get("rows_trained", 0))
         self.stop_reason = state.get("stop_reason")
+        self.parent = meta.extra.get("parent")
         if self.early is not None and state.get("early_stopping"):
             self.early.load_state(state["early_stopping"])
         # A finished run resumed with a higher cap (or more patience) trains on: from the
@@ -536,6 +540,12 @@ def train(
             trainer.restore(existing)
             if trainer.stop_reason is not None:  # every rank restored the same state
                 return _already_finished(trainer, existing, run)
+        elif config.training.init_from:  # fresh steps, schedule and data order
+            parent = warm_start(trainer.model, trainer.optimizer, resolve_parent(
+                config.training.init_from, getattr(tracker, "tracking_uri", None)),
+                trainer.manifest, config)
+            trainer.parent = parent.to_dict()
+            run.set_tags(parent.tags())
         if rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             write_json_atomic(out / "config.json", config.to_dict())
