@@ -1,0 +1,314 @@
+"""Deduplicated lookups through a routed sharding group: a variable batch per feature.
+
+The plain path (:mod:`ctrctl.distributed.sharding.routed`) sends every sample's bag of every
+feature, pools the global batch and returns (B, D) pooled rows per rank. Here each feature ``f``
+of this rank carries only its ``U_f`` distinct bags (:func:`ctrctl.sparse.dedup.deduplicate`):
+
+1. **input**: per destination rank, its slots' distinct bags, with the bag count of each slot
+   sent ahead of the lengths (one header entry per slot: no extra collective);
+2. **lookup**: each slot pools the distinct bags of every source (``sum_q U_{f,q}`` bags; a run
+   of slots shares one kernel call, padded with empty bags to its longest slot);
+3. **output**: each source gets back ``U_f`` rows per slot through one all-to-all of variable
+   sizes (its backward is the reverse all-to-all); row blocks of a feature (row-wise partial
+   sums) are added in rank order, column blocks placed side by side;
+4. **expand**: ``inverse_indices`` put the (U_f, D_f) rows back in batch order (B, D_f). Its
+   backward sums the gradients of the samples that share a bag, so the fused optimizer sees
+   each distinct bag (and each row) once.
+
+Shapes on a rank with this group's features F, slots S, world W::
+
+    lengths (sum_f U_f,), ids   -- route --> per rank r: [U of each of r's slots | lengths]
+    received per slot s: bags of every source  -- lookup -->  (sum_q U_{s,q}, cols_s)
+    all-to-all (variable)       -->  per feature (U_f, D_f)  -- expand -->  (B, D)
+
+Example:
+    >>> d = deduplicate(kjt)                          # one group's features
+    >>> pending = start_dedup_input_dist(tw, DedupInput.from_kjt(d))
+    >>> out = dedup_output_dist(tw, dedup_lookup(tw, pending.wait()), pending.wait())  # (B, D)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from ctrctl.distributed import comm
+from ctrctl.distributed.sharding.base import PendingInput
+from ctrctl.sparse.dedup import expand
+from ctrctl.sparse.jagged_tensor import KeyedJaggedTensor
+from ctrctl.sparse.ops import complete_cumsum, segment_ranges
+
+if TYPE_CHECKING:
+    from ctrctl.distributed.sharding.routed import RoutedSharding
+
+
+@dataclass
+class DedupInput:
+    """One group's features of a deduplicated batch, on this rank.
+
+    Attributes:
+        lengths: (sum of strides,) distinct bags' lengths, feature after feature.
+        values: their ids.
+        weights: their per-id weights, or None.
+        strides: per feature, its distinct bag count ``U_f``.
+        inverse: (F, B): ``inverse[f, b]`` is sample b's bag among feature f's.
+    """
+
+    lengths: torch.Tensor
+    values: torch.Tensor
+    weights: torch.Tensor | None
+    strides: list[int]
+    inverse: torch.Tensor
+
+    @staticmethod
+    def from_kjt(kjt: KeyedJaggedTensor, keys: Sequence[str]) -> DedupInput:
+        """The features ``keys`` (in that order) of a :func:`deduplicate` result."""
+        index = kjt.index_per_key()
+        strides_all = kjt.stride_per_key()
+        bag_off = [0]
+        for s in strides_all:
+            bag_off.append(bag_off[-1] + s)
+        val_off = kjt.offset_per_key()
+        lengths, values, weights = kjt.lengths(), kjt.values(), kjt.weights_or_none()
+        ks = [index[k] for k in keys]
+        if ks == list(range(len(strides_all))):
+            return DedupInput(lengths, values, weights, strides_all, kjt.inverse_indices()[1])
+        pick = [(bag_off[k], bag_off[k + 1], val_off[k], val_off[k + 1]) for k in ks]
+        return DedupInput(
+            torch.cat([lengths[a:b] for a, b, _, _ in pick]),
+            torch.cat([values[a:b] for _, _, a, b in pick]),
+            torch.cat([weights[a:b] for _, _, a, b in pick]) if weights is not None else None,
+            [strides_all[k] for k in ks],
+            kjt.inverse_indices()[1][ks])
+
+
+@dataclass
+class VariableExchange:
+    """What a rank received: its slots' bags from every source, slot-major.
+
+    Attributes:
+        lengths, values, weights: slot after slot, within a slot source after source.
+        bags: ``bags[q][s]``: the bags source q sent for slot s.
+        local: this rank's own :class:`DedupInput` (the output dist needs it).
+    """
+
+    lengths: torch.Tensor
+    values: torch.Tensor
+    weights: torch.Tensor | None
+    bags: list[list[int]]
+    local: DedupInput
+
+
+class PendingDedupExchange(PendingInput[VariableExchange]):
+    """A deduplicated input dist in flight (split sizes first, then the data)."""
+
+    def __init__(self, splits: comm.JaggedSplits, num_slots: int, local: DedupInput) -> None:
+        self._splits: comm.JaggedSplits | None = splits
+        self._data: comm.JaggedData | None = None
+        self._num_slots = num_slots
+        self._local = local
+        self._received: VariableExchange | None = None
+
+    def launch(self) -> None:
+        if self._splits is not None:
+            self._data, self._splits = self._splits.wait(), None
+
+    def wait(self) -> VariableExchange:
+        if self._received is None:
+            self.launch()
+            assert self._data is not None
+            self._received = _unpack(self._data.wait(), self._num_slots, self._local)
+        return self._received
+
+
+# ---- stage 1 ---------------------------------------------------------------------------------
+def _bucketize(lengths: torch.Tensor, values: torch.Tensor, weights: torch.Tensor | None,
+               blocks: Sequence[tuple[int, int]]
+               ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor] | None]:
+    """One feature's bags split by row block: (n_blocks, bags) lengths, block-local ids per
+    block (ids keep their order within a bag), weights likewise."""
+    n, bags = len(blocks), lengths.numel()
+    starts = torch.tensor([b[0] for b in blocks], dtype=values.dtype, device=values.device)
+    bucket = torch.searchsorted(starts, values, right=True) - 1
+    bag = torch.repeat_interleave(torch.arange(bags, device=values.device), lengths.long())
+    key = bucket * bags + bag
+    order = torch.argsort(key, stable=True)
+    new_values = values[order] - starts[bucket[order]]
+    new_lengths = torch.bincount(key, minlength=n * bags).to(lengths.dtype).view(n, bags)
+    counts = new_lengths.sum(dim=1).tolist()
+    return (new_lengths, list(new_values.split(counts)),
+            list(weights[order].split(counts)) if weights is not None else None)
+
+
+def start_dedup_input_dist(group: RoutedSharding, local: DedupInput
+                           ) -> PendingDedupExchange:
+    """Route each feature's distinct bags to the slots that pool them; start the exchange."""
+    layout = group.layout
+    bag_off = [0]
+    for s in local.strides:
+        bag_off.append(bag_off[-1] + s)
+    val_off = complete_cumsum(local.lengths.long())[torch.tensor(bag_off)].tolist()
+    per_feature = []
+    for f, (_, t) in enumerate(layout.features):
+        lens = local.lengths[bag_off[f]:bag_off[f + 1]]
+        vals = local.values[val_off[f]:val_off[f + 1]]
+        wts = local.weights[val_off[f]:val_off[f + 1]] if local.weights is not None else None
+        if layout.row_split(t):
+            per_feature.append(_bucketize(lens, vals, wts, layout.row_blocks[t]))
+        else:
+            per_feature.append((lens.unsqueeze(0), [vals], [wts] if wts is not None else None))
+    send_len, send_val, send_wt = [], [], []
+    for rank in range(layout.world_size):
+        slots = layout.slots_per_rank[rank]
+        header = local.lengths.new_tensor([local.strides[s.feature] for s in slots])
+        seg_len, seg_val, seg_wt = [header], [], []
+        for slot in slots:
+            b_len, b_val, b_wt = per_feature[slot.feature]
+            seg_len.append(b_len[slot.bucket])
+            seg_val.append(b_val[slot.bucket])
+            if b_wt is not None:
+                seg_wt.append(b_wt[slot.bucket])
+        send_len.append(torch.cat(seg_len))
+        send_val.append(torch.cat(seg_val) if seg_val else local.values.new_zeros(0))
+        if local.weights is not None:
+            send_wt.append(torch.cat(seg_wt) if seg_wt else local.weights.new_zeros(0))
+    splits = comm.start_jagged_all_to_all(send_len, send_val,
+                                          send_wt if local.weights is not None else None,
+                                          local.inverse.shape[1], group.group)
+    return PendingDedupExchange(splits, len(layout.slots_per_rank[group.rank]), local)
+
+
+def _unpack(received: comm.JaggedExchange, num_slots: int, local: DedupInput
+            ) -> VariableExchange:
+    """Strip each source's header (its bag count per slot); order bags slot-major."""
+    world = len(received.lengths_per_source)
+    pieces = received.lengths.split(received.lengths_per_source)
+    bags = [p[:num_slots].tolist() for p in pieces]
+    lengths = torch.cat([p[num_slots:] for p in pieces]) if pieces else received.lengths
+    if world == 1 or num_slots <= 1:
+        return VariableExchange(lengths, received.values, received.weights, bags, local)
+    device = lengths.device
+    seg_bags = torch.tensor([b for per_source in bags for b in per_source], device=device)
+    order = torch.arange(world * num_slots, device=device).view(world, num_slots).t().reshape(-1)
+    bag_offsets = complete_cumsum(seg_bags)
+    new_lengths = lengths[segment_ranges(bag_offsets, order, order + 1)]
+    value_offsets = complete_cumsum(lengths.long())
+    seg_values = value_offsets[bag_offsets[1:]] - value_offsets[bag_offsets[:-1]]
+    value_index = segment_ranges(complete_cumsum(seg_values), order, order + 1)
+    weights = received.weights[value_index] if received.weights is not None else None
+    return VariableExchange(new_lengths, received.values[value_index], weights, bags, local)
+
+
+# ---- stage 2 ---------------------------------------------------------------------------------
+def dedup_lookup(group: RoutedSharding, received: VariableExchange) -> list[torch.Tensor]:
+    """Pool the bags received: per slot held here, (bags from every source, cols)."""
+    slots = group.layout.slots_per_rank[group.rank]
+    per_slot = [sum(per_source[s] for per_source in received.bags) for s in range(len(slots))]
+    value_offsets = complete_cumsum(received.lengths.long())
+    bag_start = [0]
+    for n in per_slot:
+        bag_start.append(bag_start[-1] + n)
+    pooled: list[torch.Tensor] = []
+    for (s0, s1, _, _), kernel in zip(group.runs, group.kernels(), strict=True):
+        counts = per_slot[s0:s1]
+        widest = max(counts)
+        lens = received.lengths[bag_start[s0]:bag_start[s1]]
+        v0, v1 = int(value_offsets[bag_start[s0]]), int(value_offsets[bag_start[s1]])
+        # slots of unequal bag counts share a kernel: pad each with empty bags to the widest
+        padded = lens.new_zeros(s1 - s0, widest)
+        count_t = torch.tensor(counts, device=lens.device)
+        slot_of = torch.repeat_interleave(torch.arange(s1 - s0, device=lens.device), count_t)
+        within = torch.arange(lens.numel(), device=lens.device) - complete_cumsum(count_t)[slot_of]
+        padded.view(-1)[slot_of * widest + within] = lens
+        weights = received.weights[v0:v1] if received.weights is not None else None
+        if widest == 0:                    # no bags at all: nothing to pool or to update
+            pooled.extend(lens.new_zeros(0, slots[s].shard.cols, dtype=torch.float32)
+                          for s in range(s0, s1))
+            continue
+        out = kernel(received.values[v0:v1], complete_cumsum(padded.view(-1).long()), weights)
+        col = 0
+        for s, n in zip(range(s0, s1), counts, strict=True):
+            cols = slots[s].shard.cols
+            pooled.append(out[:n, col:col + cols])                     # (bags of slot s, cols)
+            col += cols
+    return pooled
+
+
+# ---- stage 3 ---------------------------------------------------------------------------------
+class _VariableAllToAll(torch.autograd.Function):
+    """A 1-D all-to-all of given split sizes; backward sends the gradients back (scaled)."""
+
+    @staticmethod
+    def forward(ctx: Any, send: torch.Tensor, in_splits: list[int],  # type: ignore[override]
+                out_splits: list[int], group: Any, grad_scale: float) -> torch.Tensor:
+        out = send.new_empty(sum(out_splits))
+        with comm.collective("output distribution (deduplicated all-to-all)"):
+            dist.all_to_all_single(out, send.contiguous(), out_splits, in_splits, group=group)
+        ctx.meta = (in_splits, out_splits, group, grad_scale)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        in_splits, out_splits, group, grad_scale = ctx.meta
+        back = grad.new_empty(sum(in_splits))
+        with comm.collective("backward of the output distribution (deduplicated all-to-all)"):
+            dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=group)
+        if grad_scale != 1.0:
+            back.mul_(grad_scale)
+        return back, None, None, None, None
+
+
+def dedup_output_dist(group: RoutedSharding, pooled: list[torch.Tensor],
+                      received: VariableExchange) -> torch.Tensor:
+    """Pooled distinct bags home, summed/placed per feature, expanded -> (B, D)."""
+    layout, me, local = group.layout, group.rank, received.local
+    slots = layout.slots_per_rank[me]
+    world = layout.world_size
+    # what I send: for each source q, each of my slots' rows of q's bags
+    starts = [0] * len(slots)
+    pieces, in_splits = [], []
+    for q in range(world):
+        size = 0
+        for s, rows in enumerate(pooled):
+            n = received.bags[q][s]
+            pieces.append(rows[starts[s]:starts[s] + n].reshape(-1))
+            starts[s] += n
+            size += n * slots[s].shard.cols
+        in_splits.append(size)
+    grad_on = torch.is_grad_enabled()
+    if pieces:
+        send = torch.cat(pieces)
+    else:  # nothing held here: still take part in backward's collective
+        send = local.values.new_zeros(0, dtype=torch.float32).requires_grad_(grad_on)
+    out_splits = [sum(local.strides[s.feature] * s.shard.cols for s in layout.slots_per_rank[r])
+                  for r in range(world)]
+    recv = _VariableAllToAll.apply(send, in_splits, out_splits, group.group, group.grad_scale)
+    # per feature, its blocks by column offset; row blocks of one column range are summed
+    blocks: list[dict[int, list[torch.Tensor]]] = [{} for _ in layout.features]
+    for r, piece in enumerate(recv.split(out_splits)):
+        sizes = [local.strides[s.feature] * s.shard.cols for s in layout.slots_per_rank[r]]
+        for slot, flat in zip(layout.slots_per_rank[r], piece.split(sizes), strict=True):
+            rows = flat.view(local.strides[slot.feature], slot.shard.cols)
+            blocks[slot.feature].setdefault(slot.shard.col_offset, []).append(rows)
+    bag_off = [0]
+    for n in local.strides:
+        bag_off.append(bag_off[-1] + n)
+    outputs = []
+    for f, by_column in enumerate(blocks):
+        summed = []
+        for c in sorted(by_column):
+            parts = by_column[c]
+            total = parts[0]
+            for p in parts[1:]:                   # rank order, as the plain reduce-scatter
+                total = total + p
+            summed.append(total)
+        rows = summed[0] if len(summed) == 1 else torch.cat(summed, dim=1)     # (U_f, D_f)
+        if f in group.mean_features:     # partial sums of row blocks: mean over the whole bag
+            lens = local.lengths[bag_off[f]:bag_off[f + 1]].clamp(min=1).to(rows.dtype)
+            rows = rows * (1.0 / lens).unsqueeze(1)      # as the plain path: times 1/length
+        outputs.append(expand(rows, local.inverse[f]))                          # (B, D_f)
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
