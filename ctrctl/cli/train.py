@@ -50,6 +50,10 @@ def train_command(
         help="Train pipeline: auto (prefetch with cached tables, else sparse-dist), base, "
         "sparse-dist, prefetch or semi-sync (changes the numerics); training.pipeline.",
         show_default=False)] = None,
+    dedup: Annotated[str | None, typer.Option(
+        help="Deduplicated lookups in sharded tables: auto (features whose distinct-bag "
+        "share is below the measured threshold), on or off; training.dedup.",
+        show_default=False)] = None,
     trace: Annotated[Path | None, typer.Option(
         help="Write a Chrome trace of the pipeline's stages (per step and thread) here.",
         show_default=False)] = None,
@@ -71,6 +75,8 @@ def train_command(
     overrides = list(overrides or [])
     if pipeline is not None:
         overrides.append(f"training.pipeline={pipeline}")
+    if dedup is not None:
+        overrides.append(f"training.dedup={dedup}")
     if trace is not None:
         overrides.append(f"training.trace={trace.resolve()}")
     cfg = resume_config(out, config, overrides) if resume else load_config(config, overrides)

@@ -61,8 +61,8 @@ from ctrctl.sparse.jagged_tensor import KeyedJaggedTensor
 from ctrctl.sparse.keyed_tensor import KeyedTensor
 from ctrctl.sparse.ops import permute_2d_sparse
 
-#: ``dedup: auto`` deduplicates a batch whose distinct bags are fewer than this share of all
-#: bags (measured at world size 2 by ``scripts/bench_dedup.py``, see docs/dedup.md).
+#: ``dedup: auto`` deduplicates a feature of a batch whose distinct bags are fewer than this
+#: share of its bags (measured at world size 2 by ``scripts/bench_dedup.py``, see docs/dedup.md).
 DEDUP_AUTO_THRESHOLD = 0.6
 
 #: Sharding type -> the class that implements it (order: the order groups run in).
@@ -113,9 +113,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
             cache (the ``fused_cached`` kernel), each starting as its block of the whole
             table would (any type but data_parallel).
         dedup: ``off``; ``on``: each batch's repeated bags are looked up and sent once
-            (every type but data_parallel; :mod:`ctrctl.sparse.dedup`); ``auto``: on for a
-            batch whose distinct-bag share is below ``dedup_threshold``.
-        dedup_threshold: the share below which ``auto`` deduplicates.
+            (every type but data_parallel; :mod:`ctrctl.sparse.dedup`); ``auto``: the
+            features of a batch whose distinct-bag share is below ``dedup_threshold`` are
+            deduplicated, the others keep their bags (none below: the plain path).
+        dedup_threshold: the share below which ``auto`` deduplicates a feature.
 
     Example:
         >>> sebc = ShardedEmbeddingBagCollection(tables, plan.tables,
@@ -138,7 +139,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
     ) -> None:
         super().__init__()
         self.set_dedup(dedup, dedup_threshold)
-        #: the distinct-bag share of the last batch deduplicated or considered (auto/on)
+        #: bags handled over all bags in the last batch deduplicated or considered (auto/on)
         self.last_distinct_share: float | None = None
         self.tables = list(tables)
         self.group = group
@@ -246,10 +247,12 @@ class ShardedEmbeddingBagCollection(nn.Module):
             return features
         if self.dedup == "off" or not any(g.supports_dedup for g in self.sharding_groups()):
             return None
-        deduped = deduplicate(features)
+        # auto: a feature keeps every bag unless its distinct share is below the threshold
+        keep_above = 1.0 if self.dedup == "on" else self.dedup_threshold
+        deduped = deduplicate(features, keep_above=keep_above)
         self.last_distinct_share = distinct_share(deduped)
-        if self.dedup == "auto" and self.last_distinct_share >= self.dedup_threshold:
-            return None
+        if self.dedup == "auto" and all(n == features.stride() for n in deduped.stride_per_key()):
+            return None                               # no feature repeats enough: plain path
         return deduped
 
     def compute_and_output_dist(self, dist_input: EBCInputDist) -> KeyedTensor:
@@ -413,3 +416,16 @@ class EmbeddingBagCollectionSharder:
                 for table, param in zip(dp.tables, dp.parameters(), strict=True):
                     param.copy_(weights[table.name])
         return sharded
+
+
+def set_dedup(model: nn.Module, mode: str, threshold: float = DEDUP_AUTO_THRESHOLD) -> int:
+    """Set deduplicated lookups (``auto``, ``on``, ``off``) on every sharded collection of
+    ``model``; returns how many there were (``training.dedup`` comes in here).
+
+    Example:
+        >>> set_dedup(dmp, "auto")
+    """
+    found = [m for m in model.modules() if isinstance(m, ShardedEmbeddingBagCollection)]
+    for sebc in found:
+        sebc.set_dedup(mode, threshold)
+    return len(found)

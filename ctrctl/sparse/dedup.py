@@ -75,8 +75,14 @@ def unique_bags(
     return u_lengths, u_values, u_weights, inverse
 
 
-def deduplicate(kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
+def deduplicate(kjt: KeyedJaggedTensor, keep_above: float = 1.0) -> KeyedJaggedTensor:
     """A KJT of one batch -> the same bags, each feature's distinct ones once.
+
+    Args:
+        kjt: a plain batch (one stride for every key).
+        keep_above: a feature whose distinct bags are at least this share of its bags keeps
+            every bag in batch order (inverse ``0 .. B-1``): too few repeats to pay for the
+            expansion. 1.0: every feature is deduplicated.
 
     Returns a variable-batch KJT: key ``k`` holds ``stride_per_key()[k]`` bags (one source
     rank: ``stride_per_key_per_rank`` is ``[[U_k]]``), and ``inverse_indices()`` is
@@ -88,14 +94,19 @@ def deduplicate(kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
     keys = kjt.keys()
     batch = kjt.stride()
     lengths = kjt.lengths().view(len(keys), batch)
+    if keys and batch and kjt.weights_or_none() is None and bool((lengths == 1).all()):
+        return _deduplicate_single_ids(kjt, keep_above)
     per_key = kjt.length_per_key()
     values = kjt.values().split(per_key)
     weights = kjt.weights_or_none()
     weights_k = weights.split(per_key) if weights is not None else None
     out_len, out_val, out_wt, inverse, strides = [], [], [], [], []
     for k in range(len(keys)):
-        u_len, u_val, u_wt, inv = unique_bags(
-            lengths[k], values[k], weights_k[k] if weights_k is not None else None)
+        wts = weights_k[k] if weights_k is not None else None
+        u_len, u_val, u_wt, inv = unique_bags(lengths[k], values[k], wts)
+        if batch and u_len.numel() >= keep_above * batch:
+            u_len, u_val, u_wt = lengths[k], values[k], wts
+            inv = torch.arange(batch, device=inv.device)
         out_len.append(u_len)
         out_val.append(u_val)
         if u_wt is not None:
@@ -113,6 +124,37 @@ def deduplicate(kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
         inverse_indices=(list(keys), torch.stack(inverse) if inverse else empty_inverse),
         length_per_key=[int(v.numel()) for v in out_val],
     )
+
+
+def _deduplicate_single_ids(kjt: KeyedJaggedTensor, keep_above: float) -> KeyedJaggedTensor:
+    """:func:`deduplicate` of a batch with one id per bag: one sort of (key, id) pairs."""
+    keys, batch = kjt.keys(), kjt.stride()
+    values = kjt.values()
+    key_of = torch.arange(len(keys), device=values.device).repeat_interleave(batch)
+    span = int(values.max()) - int(values.min()) + 1
+    pairs = key_of * span + (values.long() - int(values.min()))        # (K * B,) sort keys
+    distinct, inverse = torch.unique(pairs, return_inverse=True)
+    counts = torch.bincount(distinct // span, minlength=len(keys))     # distinct ids per key
+    first = complete_cumsum(counts)
+    u_values = (distinct % span + int(values.min())).to(values.dtype)
+    per_key_inverse = inverse.view(len(keys), batch) - first[:-1].unsqueeze(1)
+    u_counts, u_first = counts.tolist(), first.tolist()
+    out_val, inverses, strides = [], [], []
+    every = torch.arange(batch, device=values.device)
+    for k in range(len(keys)):
+        if u_counts[k] >= keep_above * batch:       # keeps every bag, in batch order
+            out_val.append(values[k * batch:(k + 1) * batch])
+            inverses.append(every)
+            strides.append([batch])
+        else:
+            out_val.append(u_values[u_first[k]:u_first[k + 1]])
+            inverses.append(per_key_inverse[k])
+            strides.append([u_counts[k]])
+    u_len = [v.numel() for v in out_val]
+    return KeyedJaggedTensor(
+        keys, torch.cat(out_val), lengths=kjt.lengths().new_ones(sum(u_len)), stride=batch,
+        stride_per_key_per_rank=strides, inverse_indices=(list(keys), torch.stack(inverses)),
+        length_per_key=u_len)
 
 
 def restore(kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:

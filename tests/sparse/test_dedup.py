@@ -9,7 +9,7 @@ import torch
 
 from ctrctl.errors import SparseInputError
 from ctrctl.sparse import KeyedJaggedTensor
-from ctrctl.sparse.dedup import deduplicate, distinct_share, expand, restore
+from ctrctl.sparse.dedup import deduplicate, distinct_share, expand, restore, unique_bags
 
 
 def _batch(keys: list[str], batch: int, seed: int, weighted: bool
@@ -93,3 +93,34 @@ def test_empty_bags_and_twice() -> None:
     assert d.stride_per_key() == [1] and d.inverse_indices()[1].tolist() == [[0] * 5]
     with pytest.raises(SparseInputError, match="already has a variable batch"):
         deduplicate(d)
+
+
+@pytest.mark.parametrize("keep_above", [1.0, 0.5])
+def test_one_id_per_bag_path_matches_the_general_one(keep_above: float) -> None:
+    gen = torch.Generator().manual_seed(0)
+    batch = 40
+    # key a: 4 distinct ids (share 0.1), key b: all distinct, key c: 30 of 40 ids
+    ids = torch.cat([torch.randint(0, 4, (batch,), generator=gen),
+                     torch.randperm(1000, generator=gen)[:batch],
+                     torch.randperm(30, generator=gen).repeat(2)[:batch] + 500])
+    kjt = KeyedJaggedTensor.from_lengths_sync(["a", "b", "c"], ids, torch.ones(3 * batch,
+                                                                              dtype=torch.long))
+    fast = deduplicate(kjt, keep_above=keep_above)
+    for k, key in enumerate(["a", "b", "c"]):
+        lengths = torch.ones(batch, dtype=torch.long)
+        two = torch.full((batch,), 2, dtype=torch.long)    # force the general path's rows
+        _, u_val, _, inv = unique_bags(lengths, ids[k * batch:(k + 1) * batch])
+        _, _, _, inv2 = unique_bags(two, ids[k * batch:(k + 1) * batch].repeat_interleave(2))
+        assert torch.equal(inv, inv2)
+        kept = u_val.numel() >= keep_above * batch
+        got = fast[key].values()
+        if kept:
+            assert torch.equal(got, ids[k * batch:(k + 1) * batch])
+            assert torch.equal(fast.inverse_indices()[1][k], torch.arange(batch))
+        else:
+            assert torch.equal(got, u_val)
+            assert torch.equal(fast.inverse_indices()[1][k], inv)
+    assert fast.stride_per_key()[1] == batch                       # never deduplicated
+    assert fast.stride_per_key()[0] == 4                           # always
+    assert fast.stride_per_key()[2] == (40 if keep_above == 0.5 else 30)
+    assert torch.equal(restore(fast).values(), ids)

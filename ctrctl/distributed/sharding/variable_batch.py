@@ -30,7 +30,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,7 +38,6 @@ import torch.distributed as dist
 
 from ctrctl.distributed import comm
 from ctrctl.distributed.sharding.base import PendingInput
-from ctrctl.sparse.dedup import expand
 from ctrctl.sparse.jagged_tensor import KeyedJaggedTensor
 from ctrctl.sparse.ops import complete_cumsum, segment_ranges
 
@@ -56,6 +55,8 @@ class DedupInput:
         weights: their per-id weights, or None.
         strides: per feature, its distinct bag count ``U_f``.
         inverse: (F, B): ``inverse[f, b]`` is sample b's bag among feature f's.
+        kept: per feature, whether it kept every sample's bag in batch order (``inverse[f]``
+            is ``0 .. B-1``: nothing to expand).
     """
 
     lengths: torch.Tensor
@@ -63,6 +64,14 @@ class DedupInput:
     weights: torch.Tensor | None
     strides: list[int]
     inverse: torch.Tensor
+    kept: list[bool] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.kept:
+            batch = self.inverse.shape[1]
+            every = torch.arange(batch, device=self.inverse.device)
+            self.kept = [n == batch and bool(torch.equal(inv, every))
+                         for n, inv in zip(self.strides, self.inverse, strict=True)]
 
     @staticmethod
     def from_kjt(kjt: KeyedJaggedTensor, keys: Sequence[str]) -> DedupInput:
@@ -204,18 +213,47 @@ def _unpack(received: comm.JaggedExchange, num_slots: int, local: DedupInput
 
 
 # ---- stage 2 ---------------------------------------------------------------------------------
-def dedup_lookup(group: RoutedSharding, received: VariableExchange) -> list[torch.Tensor]:
-    """Pool the bags received: per slot held here, (bags from every source, cols)."""
+@dataclass
+class PooledSlots:
+    """The lookup's output: each run's (rows, W_run) block flattened, one after another.
+
+    Attributes:
+        flat: the blocks, flattened and concatenated.
+        base: per slot, where its run's block starts in ``flat``.
+        width: per slot, its run's row width W_run.
+        column: per slot, its first column within its run's block.
+    """
+
+    flat: torch.Tensor
+    base: list[int]
+    width: list[int]
+    column: list[int]
+
+
+def dedup_lookup(group: RoutedSharding, received: VariableExchange) -> PooledSlots:
+    """Pool the bags received: slot s of a run holds rows 0 .. (its bags from every
+    source) - 1 of its run's block, in its columns."""
     slots = group.layout.slots_per_rank[group.rank]
     per_slot = [sum(per_source[s] for per_source in received.bags) for s in range(len(slots))]
     value_offsets = complete_cumsum(received.lengths.long())
     bag_start = [0]
     for n in per_slot:
         bag_start.append(bag_start[-1] + n)
-    pooled: list[torch.Tensor] = []
+    blocks: list[torch.Tensor] = []
+    base, width, column = [], [], []
+    offset = 0
     for (s0, s1, _, _), kernel in zip(group.runs, group.kernels(), strict=True):
         counts = per_slot[s0:s1]
         widest = max(counts)
+        run_width = sum(slots[s].shard.cols for s in range(s0, s1))
+        col = 0
+        for s in range(s0, s1):
+            base.append(offset)
+            width.append(run_width)
+            column.append(col)
+            col += slots[s].shard.cols
+        if widest == 0:                    # no bags at all: nothing to pool or to update
+            continue
         lens = received.lengths[bag_start[s0]:bag_start[s1]]
         v0, v1 = int(value_offsets[bag_start[s0]]), int(value_offsets[bag_start[s1]])
         # slots of unequal bag counts share a kernel: pad each with empty bags to the widest
@@ -225,20 +263,107 @@ def dedup_lookup(group: RoutedSharding, received: VariableExchange) -> list[torc
         within = torch.arange(lens.numel(), device=lens.device) - complete_cumsum(count_t)[slot_of]
         padded.view(-1)[slot_of * widest + within] = lens
         weights = received.weights[v0:v1] if received.weights is not None else None
-        if widest == 0:                    # no bags at all: nothing to pool or to update
-            pooled.extend(lens.new_zeros(0, slots[s].shard.cols, dtype=torch.float32)
-                          for s in range(s0, s1))
-            continue
         out = kernel(received.values[v0:v1], complete_cumsum(padded.view(-1).long()), weights)
-        col = 0
-        for s, n in zip(range(s0, s1), counts, strict=True):
-            cols = slots[s].shard.cols
-            pooled.append(out[:n, col:col + cols])                     # (bags of slot s, cols)
-            col += cols
-    return pooled
+        blocks.append(out.reshape(-1))                                     # (widest * W_run,)
+        offset += out.numel()
+    if not blocks:   # nothing pooled here: still take part in backward's collective
+        flat = torch.zeros(0, device=received.values.device,
+                           requires_grad=torch.is_grad_enabled())
+    else:
+        flat = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+    return PooledSlots(flat, base, width, column)
 
 
 # ---- stage 3 ---------------------------------------------------------------------------------
+class _Pack(torch.autograd.Function):
+    """The send buffer: blocks ``(rows, cols)`` cut out of the lookup's output, one after
+    another. Backward copies each gradient block back into place (rows no source asked for
+    are padding: their gradient is zero)."""
+
+    @staticmethod
+    def forward(ctx: Any, flat: torch.Tensor, cuts: list[tuple[int, int, int, int, int]],  # type: ignore[override]
+                total: int) -> torch.Tensor:
+        send = flat.new_empty(total)
+        at = 0
+        for first, rows, cols, width, _ in cuts:    # first element, rows, cols, row stride
+            block = flat.as_strided((rows, cols), (width, 1), flat.storage_offset() + first)
+            send[at:at + rows * cols].view(rows, cols).copy_(block)
+            at += rows * cols
+        ctx.meta = (flat.numel(), cuts)
+        return send
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        size, cuts = ctx.meta
+        out = grad.new_zeros(size)
+        at = 0
+        for first, rows, cols, width, _ in cuts:
+            out.as_strided((rows, cols), (width, 1), first).copy_(
+                grad[at:at + rows * cols].view(rows, cols))
+            at += rows * cols
+        return out, None, None
+
+
+@dataclass
+class _FeaturePlan:
+    """Where one feature's pooled rows sit in the received buffer, and how they expand.
+
+    Attributes:
+        start: the feature's first output column.
+        rows: its rows in the buffer: its distinct bags (the batch when it kept every bag).
+        blocks: per column block (first column in the feature, cols, the offsets in the
+            received buffer of its row blocks' (U, cols) partial sums, in rank order).
+        inverse: (B,) sample -> distinct bag, or None when the feature kept every bag.
+        scale: (U,) factors of a mean over row blocks (1 / bag length), or None.
+    """
+
+    start: int
+    rows: int
+    blocks: list[tuple[int, int, list[int]]]
+    inverse: torch.Tensor | None
+    scale: torch.Tensor | None
+
+
+class _Unpack(torch.autograd.Function):
+    """Received buffer -> (B, D): per feature, its column blocks (row blocks summed in rank
+    order, a mean scaled), each sample's distinct bag written in place. Backward writes
+    each block's gradient straight into the buffer's layout, summing over the samples that
+    share a bag (so the lookup's backward sees each distinct bag once)."""
+
+    @staticmethod
+    def forward(ctx: Any, recv: torch.Tensor, plans: list[_FeaturePlan],  # type: ignore[override]
+                batch: int, width: int) -> torch.Tensor:
+        out = recv.new_empty(batch, width)
+        for plan in plans:
+            u = plan.rows
+            for col, cols, parts in plan.blocks:
+                rows = recv[parts[0]:parts[0] + u * cols].view(u, cols)
+                for o in parts[1:]:
+                    rows = rows + recv[o:o + u * cols].view(u, cols)
+                if plan.scale is not None:
+                    rows = rows * plan.scale.unsqueeze(1)
+                target = out[:, plan.start + col:plan.start + col + cols]
+                target.copy_(rows if plan.inverse is None else rows.index_select(0, plan.inverse))
+        ctx.meta = (plans, recv.numel(), batch)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        plans, size, _ = ctx.meta
+        back = grad.new_empty(size)            # every element belongs to exactly one block
+        for plan in plans:
+            u = plan.rows
+            for col, cols, parts in plan.blocks:
+                g = grad[:, plan.start + col:plan.start + col + cols]
+                if plan.inverse is not None:   # contiguous: index_add_ runs 4x faster on it
+                    g = g.new_zeros(u, cols).index_add_(0, plan.inverse, g.contiguous())
+                if plan.scale is not None:
+                    g = g * plan.scale.unsqueeze(1)
+                for o in parts:
+                    back[o:o + u * cols].view(u, cols).copy_(g)
+        return back, None, None, None
+
+
 class _VariableAllToAll(torch.autograd.Function):
     """A 1-D all-to-all of given split sizes; backward sends the gradients back (scaled)."""
 
@@ -262,53 +387,55 @@ class _VariableAllToAll(torch.autograd.Function):
         return back, None, None, None, None
 
 
-def dedup_output_dist(group: RoutedSharding, pooled: list[torch.Tensor],
+def _cuts(group: RoutedSharding, pooled: PooledSlots, bags: list[list[int]]
+          ) -> tuple[list[tuple[int, int, int, int, int]], list[int]]:
+    """What each source gets back (its rows of every slot, slot after slot) as blocks of
+    ``pooled.flat`` (first element, rows, cols, row stride, source), and the element count
+    per source."""
+    slots = group.layout.slots_per_rank[group.rank]
+    starts = [0] * len(slots)
+    cuts, sizes = [], []
+    for q, per_source in enumerate(bags):
+        size = 0
+        for s, n in enumerate(per_source):
+            cols = slots[s].shard.cols
+            if n:
+                first = pooled.base[s] + starts[s] * pooled.width[s] + pooled.column[s]
+                cuts.append((first, n, cols, pooled.width[s], q))
+            starts[s] += n
+            size += n * cols
+        sizes.append(size)
+    return cuts, sizes
+
+
+def dedup_output_dist(group: RoutedSharding, pooled: PooledSlots,
                       received: VariableExchange) -> torch.Tensor:
     """Pooled distinct bags home, summed/placed per feature, expanded -> (B, D)."""
-    layout, me, local = group.layout, group.rank, received.local
-    slots = layout.slots_per_rank[me]
+    layout, local = group.layout, received.local
     world = layout.world_size
-    # what I send: for each source q, each of my slots' rows of q's bags
-    starts = [0] * len(slots)
-    pieces, in_splits = [], []
-    for q in range(world):
-        size = 0
-        for s, rows in enumerate(pooled):
-            n = received.bags[q][s]
-            pieces.append(rows[starts[s]:starts[s] + n].reshape(-1))
-            starts[s] += n
-            size += n * slots[s].shard.cols
-        in_splits.append(size)
-    grad_on = torch.is_grad_enabled()
-    if pieces:
-        send = torch.cat(pieces)
-    else:  # nothing held here: still take part in backward's collective
-        send = local.values.new_zeros(0, dtype=torch.float32).requires_grad_(grad_on)
+    cuts, in_splits = _cuts(group, pooled, received.bags)
+    send = _Pack.apply(pooled.flat, cuts, sum(in_splits))
     out_splits = [sum(local.strides[s.feature] * s.shard.cols for s in layout.slots_per_rank[r])
                   for r in range(world)]
     recv = _VariableAllToAll.apply(send, in_splits, out_splits, group.group, group.grad_scale)
-    # per feature, its blocks by column offset; row blocks of one column range are summed
-    blocks: list[dict[int, list[torch.Tensor]]] = [{} for _ in layout.features]
-    for r, piece in enumerate(recv.split(out_splits)):
-        sizes = [local.strides[s.feature] * s.shard.cols for s in layout.slots_per_rank[r]]
-        for slot, flat in zip(layout.slots_per_rank[r], piece.split(sizes), strict=True):
-            rows = flat.view(local.strides[slot.feature], slot.shard.cols)
-            blocks[slot.feature].setdefault(slot.shard.col_offset, []).append(rows)
+    # per feature, its column blocks; a column block's row blocks (partial sums) by rank
+    parts: list[dict[tuple[int, int], list[int]]] = [{} for _ in layout.features]
+    at = 0
+    for r in range(world):
+        for slot in layout.slots_per_rank[r]:
+            key = (slot.shard.col_offset, slot.shard.cols)
+            parts[slot.feature].setdefault(key, []).append(at)
+            at += local.strides[slot.feature] * slot.shard.cols
     bag_off = [0]
     for n in local.strides:
         bag_off.append(bag_off[-1] + n)
-    outputs = []
-    for f, by_column in enumerate(blocks):
-        summed = []
-        for c in sorted(by_column):
-            parts = by_column[c]
-            total = parts[0]
-            for p in parts[1:]:                   # rank order, as the plain reduce-scatter
-                total = total + p
-            summed.append(total)
-        rows = summed[0] if len(summed) == 1 else torch.cat(summed, dim=1)     # (U_f, D_f)
+    plans = []
+    for f, by_column in enumerate(parts):
+        scale = None
         if f in group.mean_features:     # partial sums of row blocks: mean over the whole bag
-            lens = local.lengths[bag_off[f]:bag_off[f + 1]].clamp(min=1).to(rows.dtype)
-            rows = rows * (1.0 / lens).unsqueeze(1)      # as the plain path: times 1/length
-        outputs.append(expand(rows, local.inverse[f]))                          # (B, D_f)
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+            lens = local.lengths[bag_off[f]:bag_off[f + 1]].clamp(min=1).to(recv.dtype)
+            scale = 1.0 / lens                       # as the plain path: times 1/length
+        plans.append(_FeaturePlan(layout.feature_offsets[f], local.strides[f],
+                                  [(c, w, offs) for (c, w), offs in sorted(by_column.items())],
+                                  None if local.kept[f] else local.inverse[f], scale))
+    return _Unpack.apply(recv, plans, local.inverse.shape[1], layout.output_dim)   # (B, D)
