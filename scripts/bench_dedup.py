@@ -38,7 +38,7 @@ from ctrctl.distributed.processes import run_multiprocess
 from ctrctl.io import write_json_atomic
 
 LAYOUTS = ["zipf-0", "zipf-1.05", "zipf-1.2", "user-13of26"]
-SWEEP = ["share-1.0", "share-0.8", "share-0.6", "share-0.4", "share-0.2"]
+SWEEP = ["share-1.0", "share-0.5", "share-0.2"]
 IMPRESSIONS_PER_USER = 20
 
 
@@ -48,6 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sweep", action="store_true",
                         help="also the share-P layouts (auto's threshold)")
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated")
+    parser.add_argument("--models", default="dlrm,ebc",
+                        help="dlrm (the whole training step) and/or ebc (the sharded "
+                             "collection's forward and backward alone); the sweep runs on ebc")
     parser.add_argument("--plan", default="table_wise", help="the sharding type of every table")
     parser.add_argument("--tables", type=int, default=26)
     parser.add_argument("--rows", type=int, default=20_000)
@@ -108,7 +111,8 @@ class _Counter:
         return self._inner(output, input, output_split_sizes, input_split_sizes, **kw)
 
 
-def body(rank: int, world_size: int, cfg: dict[str, Any], layout: str) -> dict[str, Any]:
+def body(rank: int, world_size: int, cfg: dict[str, Any], model: str, layout: str
+         ) -> dict[str, Any]:
     from ctrctl.distributed.default_plan import forced_plan
     from ctrctl.distributed.embeddingbag import ShardedEmbeddingBagCollection, set_dedup
     from ctrctl.distributed.model_parallel import DistributedModelParallel
@@ -124,10 +128,15 @@ def body(rank: int, world_size: int, cfg: dict[str, Any], layout: str) -> dict[s
     ebc = EmbeddingBagCollection(tables, EmbeddingOptimizerConfig(lr=0.01), seed=0)
     arch = ([32, cfg["dim"]], [32, 1]) if cfg["quick"] else ([512, 256, cfg["dim"]],
                                                              [512, 256, 1])
-    dmp = DistributedModelParallel(DLRM(ebc, 13, *arch), forced_plan(tables, world_size,
-                                                                       cfg["plan"]))
+    plan = forced_plan(tables, world_size, cfg["plan"])
+    if model == "ebc":         # the embedding stage alone: sharded EBC forward + backward
+        dmp: torch.nn.Module = DistributedModelParallel(ebc, plan)
+        params: list[torch.nn.Parameter] = []
+    else:
+        dmp = DistributedModelParallel(DLRM(ebc, 13, *arch), plan)
+        params = list(dmp.dense_parameters())  # type: ignore[operator]
     sebc = next(m for m in dmp.modules() if isinstance(m, ShardedEmbeddingBagCollection))
-    opt = torch.optim.Adagrad(list(dmp.dense_parameters()), lr=0.01)
+    opt = torch.optim.Adagrad(params or [torch.nn.Parameter(torch.zeros(1))], lr=0.01)
     counter = _Counter()
     gen = torch.Generator().manual_seed(1000 * rank + 7)
     batch = cfg["batch_size"]
@@ -145,8 +154,11 @@ def body(rank: int, world_size: int, cfg: dict[str, Any], layout: str) -> dict[s
             dist.barrier()
             counter.bytes = 0
             start = time.perf_counter()
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(dmp(dense, kjt), labels)
-            loss.backward()
+            if model == "ebc":
+                dmp(kjt).values().sum().backward()
+            else:
+                logits = dmp(dense, kjt)
+                torch.nn.functional.binary_cross_entropy_with_logits(logits, labels).backward()
             opt.step()
             opt.zero_grad()
             if i >= cfg["warmup"]:
@@ -157,8 +169,8 @@ def body(rank: int, world_size: int, cfg: dict[str, Any], layout: str) -> dict[s
     return {"times": times, "bytes": sent, "share": statistics.mean(shares)}
 
 
-def measure(layout: str, cfg: dict[str, Any], world_size: int) -> dict[str, Any]:
-    per_rank = run_multiprocess(body, world_size, args=(cfg, layout), timeout_s=600)
+def measure(model: str, layout: str, cfg: dict[str, Any], world_size: int) -> dict[str, Any]:
+    per_rank = run_multiprocess(body, world_size, args=(cfg, model, layout), timeout_s=600)
     out: dict[str, Any] = {"share": statistics.mean(r["share"] for r in per_rank)}
     for mode in ("off", "on"):
         # a step ends when its slowest rank does
@@ -185,7 +197,7 @@ def result_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for layout, row in results["layouts"].items():
         rows.append({"values": {
-            "case": layout, "distinct-bag share": f"{row['share']:.2f}",
+            "case": layout, "bags sent / all bags": f"{row['share']:.2f}",
             "step ms off / on": f"{row['step_ms_off']:.0f} / {row['step_ms_on']:.0f}",
             "speed-up": f"{row['speedup']:.2f}x [{row['spread'][0]:.2f}-{row['spread'][1]:.2f}]",
             "all-to-all MB/rank/step off / on": f"{row['mb_off']:.2f} / {row['mb_on']:.2f}"}})
@@ -198,15 +210,18 @@ def main(argv: list[str] | None = None) -> int:
     cfg = {"tables": args.tables, "rows": args.rows, "dim": args.dim, "plan": args.plan,
            "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup,
            "quick": args.quick}
-    layouts = [x for x in args.layouts.split(",") if x] + (SWEEP if args.sweep else [])
+    models = [m for m in args.models.split(",") if m]
+    cases = [(m, x) for m in models for x in args.layouts.split(",") if x]
+    cases += [("ebc", x) for x in SWEEP] if args.sweep else []
     results: dict[str, Any] = {"config": {**cfg, "world_size": 2, "repeats": args.repeats},
                                "layouts": {}}
-    print(f"{'layout':<14}{'share':>7}{'off ms':>9}{'on ms':>8}{'speed-up':>20}"
+    print(f"{'case':<18}{'share':>7}{'off ms':>9}{'on ms':>8}{'speed-up':>20}"
           f"{'MB off':>9}{'MB on':>8}")
-    for layout in layouts:
-        row = summarise([measure(layout, cfg, 2) for _ in range(args.repeats)])
-        results["layouts"][layout] = row
-        print(f"{layout:<14}{row['share']:>7.2f}{row['step_ms_off']:>9.1f}{row['step_ms_on']:>8.1f}"
+    for model, layout in cases:
+        row = summarise([measure(model, layout, cfg, 2) for _ in range(args.repeats)])
+        name = f"{model} {layout}"
+        results["layouts"][name] = row
+        print(f"{name:<18}{row['share']:>7.2f}{row['step_ms_off']:>9.1f}{row['step_ms_on']:>8.1f}"
               f"{row['speedup']:>9.2f} [{row['spread'][0]:.2f}-{row['spread'][1]:.2f}]"
               f"{row['mb_off']:>9.2f}{row['mb_on']:>8.2f}  load {row['loadavg']}", flush=True)
     write_json_atomic(args.out, results)
@@ -220,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{cfg['steps']} steps each way, speed-up: median over {args.repeats} process "
             "pairs [min-max]; all-to-all bytes: sent to the other rank per step, forward and "
             "backward.",
-            ["case", "distinct-bag share", "step ms off / on", "speed-up",
+            ["case", "bags sent / all bags", "step ms off / on", "speed-up",
              "all-to-all MB/rank/step off / on"], result_rows(results),
             load_before=load_before)
         print(f"performance table in {args.json}")

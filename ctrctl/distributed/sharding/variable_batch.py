@@ -222,12 +222,14 @@ class PooledSlots:
         base: per slot, where its run's block starts in ``flat``.
         width: per slot, its run's row width W_run.
         column: per slot, its first column within its run's block.
+        rows: per slot, its run's block's row count (its longest slot's bags).
     """
 
     flat: torch.Tensor
     base: list[int]
     width: list[int]
     column: list[int]
+    rows: list[int]
 
 
 def dedup_lookup(group: RoutedSharding, received: VariableExchange) -> PooledSlots:
@@ -240,7 +242,7 @@ def dedup_lookup(group: RoutedSharding, received: VariableExchange) -> PooledSlo
     for n in per_slot:
         bag_start.append(bag_start[-1] + n)
     blocks: list[torch.Tensor] = []
-    base, width, column = [], [], []
+    base, width, column, rows = [], [], [], []
     offset = 0
     for (s0, s1, _, _), kernel in zip(group.runs, group.kernels(), strict=True):
         counts = per_slot[s0:s1]
@@ -251,6 +253,7 @@ def dedup_lookup(group: RoutedSharding, received: VariableExchange) -> PooledSlo
             base.append(offset)
             width.append(run_width)
             column.append(col)
+            rows.append(widest)
             col += slots[s].shard.cols
         if widest == 0:                    # no bags at all: nothing to pool or to update
             continue
@@ -271,7 +274,7 @@ def dedup_lookup(group: RoutedSharding, received: VariableExchange) -> PooledSlo
                            requires_grad=torch.is_grad_enabled())
     else:
         flat = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
-    return PooledSlots(flat, base, width, column)
+    return PooledSlots(flat, base, width, column, rows)
 
 
 # ---- stage 3 ---------------------------------------------------------------------------------
@@ -282,26 +285,28 @@ class _Pack(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, flat: torch.Tensor, cuts: list[tuple[int, int, int, int, int]],  # type: ignore[override]
-                total: int) -> torch.Tensor:
+                total: int, padding: list[tuple[int, int, int, int]]) -> torch.Tensor:
         send = flat.new_empty(total)
         at = 0
         for first, rows, cols, width, _ in cuts:    # first element, rows, cols, row stride
             block = flat.as_strided((rows, cols), (width, 1), flat.storage_offset() + first)
             send[at:at + rows * cols].view(rows, cols).copy_(block)
             at += rows * cols
-        ctx.meta = (flat.numel(), cuts)
+        ctx.meta = (flat.numel(), cuts, padding)
         return send
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        size, cuts = ctx.meta
-        out = grad.new_zeros(size)
+        size, cuts, padding = ctx.meta
+        out = grad.new_empty(size)     # every element is a cut's or padding's: no full fill
         at = 0
         for first, rows, cols, width, _ in cuts:
             out.as_strided((rows, cols), (width, 1), first).copy_(
                 grad[at:at + rows * cols].view(rows, cols))
             at += rows * cols
-        return out, None, None
+        for first, rows, cols, width in padding:
+            out.as_strided((rows, cols), (width, 1), first).zero_()
+        return out, None, None, None
 
 
 @dataclass
@@ -388,10 +393,11 @@ class _VariableAllToAll(torch.autograd.Function):
 
 
 def _cuts(group: RoutedSharding, pooled: PooledSlots, bags: list[list[int]]
-          ) -> tuple[list[tuple[int, int, int, int, int]], list[int]]:
+          ) -> tuple[list[tuple[int, int, int, int, int]], list[int],
+                     list[tuple[int, int, int, int]]]:
     """What each source gets back (its rows of every slot, slot after slot) as blocks of
-    ``pooled.flat`` (first element, rows, cols, row stride, source), and the element count
-    per source."""
+    ``pooled.flat`` (first element, rows, cols, row stride, source), the element count per
+    source, and the blocks no source asked for (each slot's padding rows)."""
     slots = group.layout.slots_per_rank[group.rank]
     starts = [0] * len(slots)
     cuts, sizes = [], []
@@ -405,7 +411,10 @@ def _cuts(group: RoutedSharding, pooled: PooledSlots, bags: list[list[int]]
             starts[s] += n
             size += n * cols
         sizes.append(size)
-    return cuts, sizes
+    padding = [(pooled.base[s] + n * pooled.width[s] + pooled.column[s], pooled.rows[s] - n,
+                slots[s].shard.cols, pooled.width[s])
+               for s, n in enumerate(starts) if pooled.rows[s] > n]
+    return cuts, sizes, padding
 
 
 def dedup_output_dist(group: RoutedSharding, pooled: PooledSlots,
@@ -413,8 +422,8 @@ def dedup_output_dist(group: RoutedSharding, pooled: PooledSlots,
     """Pooled distinct bags home, summed/placed per feature, expanded -> (B, D)."""
     layout, local = group.layout, received.local
     world = layout.world_size
-    cuts, in_splits = _cuts(group, pooled, received.bags)
-    send = _Pack.apply(pooled.flat, cuts, sum(in_splits))
+    cuts, in_splits, padding = _cuts(group, pooled, received.bags)
+    send = _Pack.apply(pooled.flat, cuts, sum(in_splits), padding)
     out_splits = [sum(local.strides[s.feature] * s.shard.cols for s in layout.slots_per_rank[r])
                   for r in range(world)]
     recv = _VariableAllToAll.apply(send, in_splits, out_splits, group.group, group.grad_scale)
