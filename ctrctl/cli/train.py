@@ -51,7 +51,7 @@ def train_command(
         "sparse-dist, prefetch or semi-sync (changes the numerics); training.pipeline.",
         show_default=False)] = None,
     dedup: Annotated[str | None, typer.Option(
-        help="Deduplicated lookups in sharded tables: auto (features whose distinct-bag "
+        help="Deduplicated lookups in sharded tables: auto (on for a batch whose distinct-bag "
         "share is below the measured threshold), on or off; training.dedup.",
         show_default=False)] = None,
     trace: Annotated[Path | None, typer.Option(

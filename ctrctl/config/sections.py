@@ -217,8 +217,8 @@ class TrainingConfig(_Section):
         semi_sync_start_step: ``semi-sync`` runs synchronously before this step.
         dedup: deduplicated lookups in sharded tables (:mod:`ctrctl.sparse.dedup`): ``on``
             (every feature's repeated bags of a batch looked up and sent once), ``off``, or
-            ``auto`` (only the features whose distinct-bag share in the batch is below the
-            measured threshold, see docs/dedup.md). Losses match ``off`` to rounding.
+            ``auto`` (on for a batch whose distinct-bag share is below the measured
+            threshold, 0.35; see docs/dedup.md). Losses match ``off`` to rounding.
         trace: write a Chrome trace of the pipeline's stages (per step, per thread) here.
     """
 

@@ -61,9 +61,11 @@ from ctrctl.sparse.jagged_tensor import KeyedJaggedTensor
 from ctrctl.sparse.keyed_tensor import KeyedTensor
 from ctrctl.sparse.ops import permute_2d_sparse
 
-#: ``dedup: auto`` deduplicates a feature of a batch whose distinct bags are fewer than this
-#: share of its bags (measured at world size 2 by ``scripts/bench_dedup.py``, see docs/dedup.md).
-DEDUP_AUTO_THRESHOLD = 0.6
+#: ``dedup: auto`` deduplicates a batch whose distinct bags are fewer than this share of its
+#: bags. Measured by ``scripts/bench_dedup.py`` (2 gloo ranks, the embedding stage): dedup
+#: ran 1.46x faster at a share of 0.20 and 1.72x at 0.28 (Zipf 1.2), as fast at 0.43 (Zipf
+#: 1.05) and slower at 0.50 (0.74-0.75x): the crossover is near 0.4; 0.35 stays below it.
+DEDUP_AUTO_THRESHOLD = 0.35
 
 #: Sharding type -> the class that implements it (order: the order groups run in).
 SHARDING_CLASSES: dict[str, type[EmbeddingSharding]] = {
@@ -113,10 +115,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
             cache (the ``fused_cached`` kernel), each starting as its block of the whole
             table would (any type but data_parallel).
         dedup: ``off``; ``on``: each batch's repeated bags are looked up and sent once
-            (every type but data_parallel; :mod:`ctrctl.sparse.dedup`); ``auto``: the
-            features of a batch whose distinct-bag share is below ``dedup_threshold`` are
-            deduplicated, the others keep their bags (none below: the plain path).
-        dedup_threshold: the share below which ``auto`` deduplicates a feature.
+            (every type but data_parallel; :mod:`ctrctl.sparse.dedup`); ``auto``: on for a
+            batch whose distinct-bag share is below ``dedup_threshold``.
+        dedup_threshold: the share below which ``auto`` deduplicates a batch.
 
     Example:
         >>> sebc = ShardedEmbeddingBagCollection(tables, plan.tables,
@@ -139,7 +140,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
     ) -> None:
         super().__init__()
         self.set_dedup(dedup, dedup_threshold)
-        #: bags handled over all bags in the last batch deduplicated or considered (auto/on)
+        #: distinct bags over all bags of the last batch deduplicated or considered (auto/on)
         self.last_distinct_share: float | None = None
         self.tables = list(tables)
         self.group = group
@@ -247,12 +248,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
             return features
         if self.dedup == "off" or not any(g.supports_dedup for g in self.sharding_groups()):
             return None
-        # auto: a feature keeps every bag unless its distinct share is below the threshold
-        keep_above = 1.0 if self.dedup == "on" else self.dedup_threshold
-        deduped = deduplicate(features, keep_above=keep_above)
+        deduped = deduplicate(features)
         self.last_distinct_share = distinct_share(deduped)
-        if self.dedup == "auto" and all(n == features.stride() for n in deduped.stride_per_key()):
-            return None                               # no feature repeats enough: plain path
+        if self.dedup == "auto" and self.last_distinct_share >= self.dedup_threshold:
+            return None                    # too few repeats to pay for it: the plain path
         return deduped
 
     def compute_and_output_dist(self, dist_input: EBCInputDist) -> KeyedTensor:
