@@ -31,13 +31,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
 
 from ctrctl.distributed import comm
 from ctrctl.distributed.sharding.base import PendingInput
+from ctrctl.modules.native.buffers import ReusableBuffer, reusable_empty
 from ctrctl.sparse.jagged_tensor import KeyedJaggedTensor
 from ctrctl.sparse.ops import complete_cumsum, segment_ranges
 
@@ -278,6 +279,25 @@ def dedup_lookup(group: RoutedSharding, received: VariableExchange) -> PooledSlo
 
 
 # ---- stage 3 ---------------------------------------------------------------------------------
+class DedupBuffers:
+    """The memory one group's deduplicated output dist reuses step after step (fresh tens
+    of MB cost tens of ms in page faults on the CPU; see
+    :class:`~ctrctl.distributed.comm.OutputDistBuffers`)."""
+
+    def __init__(self) -> None:
+        self.send, self.recv, self.out = ReusableBuffer(), ReusableBuffer(), ReusableBuffer()
+        self.grad_out, self.grad_recv = ReusableBuffer(), ReusableBuffer()
+        self.grad_flat = ReusableBuffer()
+
+
+def dedup_buffers(group: RoutedSharding) -> DedupBuffers:
+    """The group's :class:`DedupBuffers` (made on first use)."""
+    buffers = group.__dict__.get("_dedup_buffers")
+    if buffers is None:
+        buffers = group.__dict__["_dedup_buffers"] = DedupBuffers()
+    return cast(DedupBuffers, buffers)
+
+
 class _Pack(torch.autograd.Function):
     """The send buffer: blocks ``(rows, cols)`` cut out of the lookup's output, one after
     another. Backward copies each gradient block back into place (rows no source asked for
@@ -285,20 +305,22 @@ class _Pack(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, flat: torch.Tensor, cuts: list[tuple[int, int, int, int, int]],  # type: ignore[override]
-                total: int, padding: list[tuple[int, int, int, int]]) -> torch.Tensor:
-        send = flat.new_empty(total)
+                total: int, padding: list[tuple[int, int, int, int]],
+                buffers: DedupBuffers) -> torch.Tensor:
+        send = reusable_empty(buffers.send, (total,), flat)
         at = 0
         for first, rows, cols, width, _ in cuts:    # first element, rows, cols, row stride
             block = flat.as_strided((rows, cols), (width, 1), flat.storage_offset() + first)
             send[at:at + rows * cols].view(rows, cols).copy_(block)
             at += rows * cols
-        ctx.meta = (flat.numel(), cuts, padding)
+        ctx.meta = (flat.numel(), cuts, padding, buffers)
         return send
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        size, cuts, padding = ctx.meta
-        out = grad.new_empty(size)     # every element is a cut's or padding's: no full fill
+        size, cuts, padding, buffers = ctx.meta
+        # every element is a cut's or padding's: no full fill
+        out = reusable_empty(buffers.grad_flat, (size,), grad)
         at = 0
         for first, rows, cols, width, _ in cuts:
             out.as_strided((rows, cols), (width, 1), first).copy_(
@@ -306,7 +328,7 @@ class _Pack(torch.autograd.Function):
             at += rows * cols
         for first, rows, cols, width in padding:
             out.as_strided((rows, cols), (width, 1), first).zero_()
-        return out, None, None, None
+        return out, None, None, None, None
 
 
 @dataclass
@@ -337,8 +359,8 @@ class _Unpack(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, recv: torch.Tensor, plans: list[_FeaturePlan],  # type: ignore[override]
-                batch: int, width: int) -> torch.Tensor:
-        out = recv.new_empty(batch, width)
+                batch: int, width: int, buffers: DedupBuffers) -> torch.Tensor:
+        out = reusable_empty(buffers.out, (batch, width), recv)
         for plan in plans:
             u = plan.rows
             for col, cols, parts in plan.blocks:
@@ -349,13 +371,14 @@ class _Unpack(torch.autograd.Function):
                     rows = rows * plan.scale.unsqueeze(1)
                 target = out[:, plan.start + col:plan.start + col + cols]
                 target.copy_(rows if plan.inverse is None else rows.index_select(0, plan.inverse))
-        ctx.meta = (plans, recv.numel(), batch)
+        ctx.meta = (plans, recv.numel(), buffers)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        plans, size, _ = ctx.meta
-        back = grad.new_empty(size)            # every element belongs to exactly one block
+        plans, size, buffers = ctx.meta
+        # every element belongs to exactly one block: no fill
+        back = reusable_empty(buffers.grad_out, (size,), grad)
         for plan in plans:
             u = plan.rows
             for col, cols, parts in plan.blocks:
@@ -366,7 +389,7 @@ class _Unpack(torch.autograd.Function):
                     g = g * plan.scale.unsqueeze(1)
                 for o in parts:
                     back[o:o + u * cols].view(u, cols).copy_(g)
-        return back, None, None, None
+        return back, None, None, None, None
 
 
 class _VariableAllToAll(torch.autograd.Function):
@@ -374,22 +397,23 @@ class _VariableAllToAll(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, send: torch.Tensor, in_splits: list[int],  # type: ignore[override]
-                out_splits: list[int], group: Any, grad_scale: float) -> torch.Tensor:
-        out = send.new_empty(sum(out_splits))
+                out_splits: list[int], group: Any, grad_scale: float,
+                buffers: DedupBuffers) -> torch.Tensor:
+        out = reusable_empty(buffers.recv, (sum(out_splits),), send)
         with comm.collective("output distribution (deduplicated all-to-all)"):
             dist.all_to_all_single(out, send.contiguous(), out_splits, in_splits, group=group)
-        ctx.meta = (in_splits, out_splits, group, grad_scale)
+        ctx.meta = (in_splits, out_splits, group, grad_scale, buffers)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        in_splits, out_splits, group, grad_scale = ctx.meta
-        back = grad.new_empty(sum(in_splits))
+        in_splits, out_splits, group, grad_scale, buffers = ctx.meta
+        back = reusable_empty(buffers.grad_recv, (sum(in_splits),), grad)
         with comm.collective("backward of the output distribution (deduplicated all-to-all)"):
             dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=group)
         if grad_scale != 1.0:
             back.mul_(grad_scale)
-        return back, None, None, None, None
+        return back, None, None, None, None, None
 
 
 def _cuts(group: RoutedSharding, pooled: PooledSlots, bags: list[list[int]]
@@ -423,10 +447,12 @@ def dedup_output_dist(group: RoutedSharding, pooled: PooledSlots,
     layout, local = group.layout, received.local
     world = layout.world_size
     cuts, in_splits, padding = _cuts(group, pooled, received.bags)
-    send = _Pack.apply(pooled.flat, cuts, sum(in_splits), padding)
+    buffers = dedup_buffers(group)
+    send = _Pack.apply(pooled.flat, cuts, sum(in_splits), padding, buffers)
     out_splits = [sum(local.strides[s.feature] * s.shard.cols for s in layout.slots_per_rank[r])
                   for r in range(world)]
-    recv = _VariableAllToAll.apply(send, in_splits, out_splits, group.group, group.grad_scale)
+    recv = _VariableAllToAll.apply(send, in_splits, out_splits, group.group, group.grad_scale,
+                                   buffers)
     # per feature, its column blocks; a column block's row blocks (partial sums) by rank
     parts: list[dict[tuple[int, int], list[int]]] = [{} for _ in layout.features]
     at = 0
@@ -447,4 +473,5 @@ def dedup_output_dist(group: RoutedSharding, pooled: PooledSlots,
         plans.append(_FeaturePlan(layout.feature_offsets[f], local.strides[f],
                                   [(c, w, offs) for (c, w), offs in sorted(by_column.items())],
                                   None if local.kept[f] else local.inverse[f], scale))
-    return _Unpack.apply(recv, plans, local.inverse.shape[1], layout.output_dim)   # (B, D)
+    return _Unpack.apply(recv, plans, local.inverse.shape[1], layout.output_dim,
+                         buffers)                                               # (B, D)
