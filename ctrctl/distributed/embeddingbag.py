@@ -63,8 +63,9 @@ from ctrctl.sparse.ops import permute_2d_sparse
 
 #: ``dedup: auto`` deduplicates a batch whose distinct bags are fewer than this share of its
 #: bags. Measured by ``scripts/bench_dedup.py`` (2 gloo ranks, the embedding stage): dedup
-#: ran 1.46x faster at a share of 0.20 and 1.72x at 0.28 (Zipf 1.2), as fast at 0.43 (Zipf
-#: 1.05) and slower at 0.50 (0.74-0.75x): the crossover is near 0.4; 0.35 stays below it.
+#: ran 1.24x faster at a share of 0.28 (Zipf 1.2) and 1.48x at 0.20, but 0.76x at 0.43
+#: (Zipf 1.05) and 1.04-1.10x at 0.50: every case at or below 0.28 gained, one at 0.43 lost;
+#: 0.35 lies between.
 DEDUP_AUTO_THRESHOLD = 0.35
 
 #: Sharding type -> the class that implements it (order: the order groups run in).
