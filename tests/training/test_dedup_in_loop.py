@@ -62,3 +62,27 @@ def test_dedup_trains_through_the_loop_on_two_ranks(tmp_path: Path) -> None:
         for key, value in r["whole"].items():
             assert torch.equal(r["resumed"][key], value), (name, key)
             torch.testing.assert_close(value, runs["off"][name]["whole"][key])
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_dedup_with_a_cached_table_through_prefetch(tmp_path: Path) -> None:
+    from ctrctl.distributed.default_plan import forced_plan
+    from ctrctl.models import build as model_io
+
+    ds: SyntheticDataset = make_dataset(
+        tmp_path / "ds", {"train": 640, "val": 200, "test": 100}, num_dense=3, num_sparse=4,
+        num_embeddings=[40, 50, 60, 30], row_group_size=128, seed=5)
+    overrides = [*OVERRIDES, "model.cached_tables={C1: 0.25}", "training.dedup=on"]
+    model = model_io.build_model(load_config(None, overrides), ds.manifest, torch.device("cpu"))
+    plan = forced_plan(model.sparse_arch.embedding_bag_configs(), 2,  # type: ignore[operator]
+                       {"C1": "row_wise", "C2": "table_wise", "C3": "table_wise",
+                        "C4": "row_wise"})
+    ranks = run_multiprocess(pipeline_resume_body, 2, args=(
+        str(ds.path), str(tmp_path / "run"), overrides, plan.to_dict(), ["base", "prefetch"],
+        7), timeout_s=300)
+    base = ranks[0]["base"]["whole"]
+    for name, r in ranks[0].items():
+        assert r["history"][0] == r["history"][1], name           # resumed exactly
+        for key, value in base.items():                           # prefetch = base, bitwise
+            assert torch.equal(r["whole"][key], value), (name, key)
