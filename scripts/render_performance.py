@@ -138,7 +138,7 @@ def load_results(root: Path = RESULTS) -> list[dict[str, Any]]:
                     raise SystemExit(f"{path}: a row has no {key!r}")
         data["path"] = str(path.relative_to(root.parent.parent)) if root == RESULTS else str(path)
         results.append(data)
-    order = {name: i for i, name in enumerate(("train", "sharding", "dense", "inference",
+    order = {name: i for i, name in enumerate(("train", "sharding", "dedup", "dense", "inference",
                                                     "planner"))}
     return sorted(results, key=lambda d: (order.get(d["bench"], 99), d["bench"], d["cpu"]))
 

@@ -57,6 +57,10 @@ def train_command(
         help="Train pipeline: auto (prefetch with cached tables, else sparse-dist), base, "
         "sparse-dist, prefetch or semi-sync (changes the numerics); training.pipeline.",
         show_default=False)] = None,
+    dedup: Annotated[str | None, typer.Option(
+        help="Deduplicated lookups in sharded tables: auto (on for a batch whose distinct-bag "
+        "share is below the measured threshold), on or off; training.dedup.",
+        show_default=False)] = None,
     trace: Annotated[Path | None, typer.Option(
         help="Write a Chrome trace of the pipeline's stages (per step and thread) here.",
         show_default=False)] = None,
@@ -80,6 +84,8 @@ def train_command(
         overrides.append(f"training.pipeline={pipeline}")
     if init_from is not None:
         overrides.append(f"training.init_from={init_from}")
+    if dedup is not None:
+        overrides.append(f"training.dedup={dedup}")
     if trace is not None:
         overrides.append(f"training.trace={trace.resolve()}")
     cfg = resume_config(out, config, overrides) if resume else load_config(config, overrides)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import warnings
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ctrctl.io import path_name_problem
 from ctrctl.names import ComputeKernel, ShardingType
@@ -215,6 +215,10 @@ class TrainingConfig(_Section):
             ``semi-sync`` (embedding lookups one step ahead, on weights one step older:
             changes the numerics).
         semi_sync_start_step: ``semi-sync`` runs synchronously before this step.
+        dedup: deduplicated lookups in sharded tables (:mod:`ctrctl.sparse.dedup`): ``on``
+            (every feature's repeated bags of a batch looked up and sent once), ``off``, or
+            ``auto`` (on for a batch whose distinct-bag share is below the measured
+            threshold, 0.35; see docs/dedup.md). Losses match ``off`` to rounding.
         trace: write a Chrome trace of the pipeline's stages (per step, per thread) here.
         init_from: warm start: a checkpoint (step, ``checkpoints`` or output folder) or a
             registered ``models:/NAME@ALIAS`` whose weights and optimizer state the run
@@ -241,8 +245,17 @@ class TrainingConfig(_Section):
     early_stopping: EarlyStoppingConfig = EarlyStoppingConfig()
     pipeline: Literal["auto", "base", "sparse-dist", "semi-sync", "prefetch"] = "auto"
     semi_sync_start_step: int = Field(default=100, ge=0)
+    dedup: Literal["auto", "on", "off"] = "off"
     trace: str | None = None
     init_from: str | None = None
+
+    @field_validator("dedup", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: object) -> object:
+        # YAML reads a bare on/off as a boolean: take it as the word that was written
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
 
 
 # ---- sections of the other steps -----------------------------------------------------------

@@ -35,6 +35,7 @@ from ctrctl.modules.cached_embedding import CachedEmbeddingBag, CachedTableSpec,
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig, check_unique_names
 from ctrctl.modules.optimizers import EmbeddingOptimizerConfig
 from ctrctl.sparse import KeyedJaggedTensor, KeyedTensor
+from ctrctl.sparse.ops import complete_cumsum
 
 
 class EmbeddingBagCollection(nn.Module):
@@ -172,7 +173,9 @@ class EmbeddingBagCollection(nn.Module):
         """
         order = self._input_permutation(features.keys())
         kjt = features if order is None else features.permute(order)
-        if len(self.bags) == 1:
+        if kjt.variable_stride_per_key():
+            pooled = self._pool_distinct(kjt)
+        elif len(self.bags) == 1:
             pooled = self.bags[0](kjt.values(), kjt.offsets(), kjt.weights_or_none())
         else:
             parts = kjt.split(self._group_sizes)
@@ -186,6 +189,32 @@ class EmbeddingBagCollection(nn.Module):
         if self._column_index is not None:
             pooled = pooled.index_select(1, self._column_index.to(pooled.device))
         return KeyedTensor(self._feature_names, self._dims, pooled)  # (B, sum of dims)
+
+    def _pool_distinct(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        """A deduplicated batch (:func:`ctrctl.sparse.dedup.deduplicate`): pool each
+        feature's distinct bags once, then put them in batch order -> (B, sum of dims)."""
+        names, inverse = kjt.inverse_indices()
+        row = {n: i for i, n in enumerate(names)}
+        dims = dict(zip(self._feature_names, self._dims, strict=True))
+        parts = kjt.split(self._group_sizes) if len(self.bags) > 1 else [kjt]
+        out = []
+        for bag, part in zip(self._kernels(), parts, strict=True):
+            strides = part.stride_per_key()
+            widest = max(strides, default=0)
+            # one kernel call: each feature padded with empty bags to the widest
+            padded = part.lengths().new_zeros(len(strides), widest)
+            start = 0
+            for k, n in enumerate(strides):
+                padded[k, :n] = part.lengths()[start:start + n]
+                start += n
+            pooled = bag(part.values(), complete_cumsum(padded.view(-1)),
+                         part.weights_or_none())                          # (widest, W_g)
+            col = 0
+            for key, n in zip(part.keys(), strides, strict=True):
+                rows = pooled[:n, col:col + dims[key]]                      # (U_f, D_f)
+                out.append(rows.index_select(0, inverse[row[key]]))         # (B, D_f)
+                col += dims[key]
+        return torch.cat(out, dim=1)
 
     # ---- cached tables ------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from ctrctl.data.dataset import BatchLoader, LoaderPosition
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.distributed import checkpoint as dist_ckpt
 from ctrctl.distributed import comm
+from ctrctl.distributed.embeddingbag import set_dedup
 from ctrctl.distributed.pipeline import (
     Tracer,
     TrainPipeline,
@@ -112,6 +113,7 @@ class _Trainer:
             dense_group = comm.new_group(list(range(self.world_size))) \
                 if self.pipeline_name == "semi-sync" else None
             self.model = model_io.wrap_model(self.model, plan, None, dense_group)
+            set_dedup(self.model, self.t.dedup)
             # Without a plan the wrapper picks its default one: record what is in use.
             self.plan = getattr(self.model, "plan", plan)
         self.optimizer = dense_optimizer(model_io.dense_parameters(self.model),

@@ -98,6 +98,9 @@ class EmbeddingSharding(nn.Module, abc.ABC, Generic[DistInput]):
     """
 
     sharding_type: str = ""
+    #: Whether the group takes a deduplicated batch (a variable batch per feature, see
+    #: :mod:`ctrctl.distributed.sharding.variable_batch`); others get every sample's bags.
+    supports_dedup: bool = False
 
     def __init__(self, tables: Sequence[EmbeddingBagConfig], shardings: Sequence[ParameterSharding],
                  optimizer: EmbeddingOptimizerConfig, group: Any | None = None,

@@ -44,6 +44,7 @@ class RoutedSharding(EmbeddingSharding[comm.JaggedExchange]):
     """
 
     reduce_scatter = False
+    supports_dedup = True
     all_columns: torch.Tensor
     my_columns: torch.Tensor
 
