@@ -32,6 +32,14 @@ PIPELINES: dict[str, type[TrainPipeline]] = {
 def choose_pipeline(name: str, model: nn.Module) -> str:
     """``auto`` -> the fastest exact pipeline for the model: ``prefetch`` when a table is
     cached, else ``sparse-dist``; any other name is checked and returned."""
+    if getattr(model, "splits_features", False):
+        # a model that divides its features between several EBCs (two-tower) runs them in
+        # its forward; no pipeline can start one EBC's input distribution ahead of it
+        if name not in ("auto", "base"):
+            raise ConfigError(f"training.pipeline {name!r} cannot run a model that splits "
+                              "its features between towers", where="training.pipeline",
+                              hint="use auto or base")
+        return "base"
     if name == "auto":
         return "prefetch" if cached_collections(model) else "sparse-dist"
     if name not in PIPELINES:
