@@ -35,12 +35,13 @@ def brute_force_loss(u: torch.Tensor, v: torch.Tensor, ids: list[int], q: torch.
     """Mean over queries of -log softmax of the positive, candidates = the batch's items
     with another id, every score lowered by log Q of its item."""
     total = 0.0
+    def score(j: int, k: int) -> float:
+        return float(u[j] @ v[k]) / tau - math.log(float(q[k]))
+
     for j in range(len(ids)):
-        def score(k: int) -> float:
-            return float(u[j] @ v[k]) / tau - math.log(float(q[k]))
-        denominator = math.exp(score(j)) + sum(
-            math.exp(score(k)) for k in range(len(ids)) if ids[k] != ids[j])
-        total += -(score(j) - math.log(denominator))
+        denominator = math.exp(score(j, j)) + sum(
+            math.exp(score(j, k)) for k in range(len(ids)) if ids[k] != ids[j])
+        total += -(score(j, j) - math.log(denominator))
     return total / len(ids)
 
 
