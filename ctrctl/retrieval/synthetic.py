@@ -27,7 +27,7 @@ import yaml
 from ctrctl.errors import ConfigError
 from ctrctl.io import staged_folder, write_json_atomic, write_text_atomic
 
-__all__ = ["plant_factors", "synthesize_two_tower", "SYNTH_KS"]
+__all__ = ["SYNTH_KS", "clustered_factors", "plant_factors", "synthesize_two_tower"]
 
 #: The cut-offs of the oracle's recall in synth.json.
 SYNTH_KS = (10, 50, 100)
@@ -39,6 +39,22 @@ def plant_factors(count: int, dim: int, seed: int) -> np.ndarray:
     factors = rng.standard_normal((count, dim), dtype=np.float32)
     factors /= np.linalg.norm(factors, axis=1, keepdims=True)
     return factors
+
+
+def clustered_factors(count: int, dim: int, seed: int, clusters: int = 256,
+                      spread: float = 0.5) -> np.ndarray:
+    """``count`` unit vectors around ``clusters`` random centres (as learned item vectors
+    group by genre or taste): centre + ``spread`` x a unit-variance noise per component /
+    sqrt(dim), renormalised."""
+    rng = np.random.default_rng(seed)
+    centres = plant_factors(clusters, dim, seed + 7)
+    out = np.empty((count, dim), dtype=np.float32)
+    for start in range(0, count, 65_536):
+        n = min(65_536, count - start)
+        noise = rng.standard_normal((n, dim), dtype=np.float32) * (spread / np.sqrt(dim))
+        block = centres[rng.integers(0, clusters, n)] + noise
+        out[start:start + n] = block / np.linalg.norm(block, axis=1, keepdims=True)
+    return out
 
 
 def synthesize_two_tower(
