@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ctrctl import checkpoint as ckpt
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.errors import DatasetError
