@@ -61,6 +61,7 @@ def evaluate_retrieval(checkpoint: str | Path, out: str | Path, *,
                        dataset: str | Path | None = None, split: str = "test",
                        index: str | Path | None = None, ks: Sequence[int] = RANKING_KS,
                        baselines: bool = True, bpr: BPRConfig = BPRConfig(),
+                       exclude_seen: bool = True,
                        overwrite: bool = False,
                        tracker: Tracker | None = None) -> dict[str, Any]:
     """Evaluate a two-tower checkpoint on ``split`` and write ``out/metrics.json``.
@@ -73,6 +74,8 @@ def evaluate_retrieval(checkpoint: str | Path, out: str | Path, *,
         index: an index folder (``ctrctl index``) to rank through as well.
         ks: the cut-offs.
         baselines: also popularity and BPR.
+        exclude_seen: drop the user's earlier items from the ranking (False: TensorFlow
+            Recommenders' protocol, every item ranked).
         bpr: BPR's settings.
         overwrite: replace an existing ``out``.
         tracker: MLflow tracking (one run "eval"); None tracks nothing.
@@ -87,11 +90,14 @@ def evaluate_retrieval(checkpoint: str | Path, out: str | Path, *,
     user, item_id, _ = interaction_columns(manifest)
     catalogue = item_catalogue(folder, manifest)
     queries, history = evaluation_queries(folder, manifest, split)
+    if not exclude_seen:
+        history = {}
     users, targets = queries[user].to_list(), queries[item_id].to_list()
     item_vectors = embed(model, catalogue.features, "item")
     query_vectors = embed(model, queries, "query")
     ranks = rank_queries(query_vectors, item_vectors, users, targets, catalogue, history)
     metrics: dict[str, Any] = {"split": split, "queries": len(users),
+                               "exclude_seen": exclude_seen,
                                "items": len(catalogue), **ranking_metrics(ranks, ks)}
     if index is not None:
         metrics.update(_index_metrics(index, query_vectors, users, targets, history, ks))
