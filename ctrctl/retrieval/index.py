@@ -120,6 +120,9 @@ def build_index(vectors: np.ndarray, kind: str, params: dict[str, int] | None = 
             index = faiss.IndexIVFPQ(quantizer, dim, chosen["nlist"], chosen["m"],
                                      chosen["nbits"], metric)
         index.cp.seed = seed
+        # k-means on 64 points a list (faiss' default 256): a quarter of the training time
+        # at 1M items, for a coarse quantizer that routes as well on clustered vectors
+        index.cp.max_points_per_centroid = 64
     if not index.is_trained:
         index.train(vectors)
     index.add(vectors)
