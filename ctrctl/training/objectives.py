@@ -26,6 +26,8 @@ from ctrctl.config import PipelineConfig
 from ctrctl.data.dataset import BatchLoader
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.distributed.pipeline import TrainPipeline
+from ctrctl.models.two_tower import retrieval_metrics
+from ctrctl.modules.two_tower import SampledSoftmaxLoss
 from ctrctl.training.validation import evaluate_model
 
 __all__ = ["ClickObjective", "Objective", "RetrievalObjective", "objective_for"]
@@ -66,17 +68,10 @@ class RetrievalObjective:
     split: str
     early_metric: str = "recall@100"
     early_direction: str = "max"
-    loss_fn: nn.Module = field(default_factory=nn.Module)
-
-    def __post_init__(self) -> None:
-        from ctrctl.modules.two_tower import SampledSoftmaxLoss
-
-        self.loss_fn = SampledSoftmaxLoss()
+    loss_fn: nn.Module = field(default_factory=SampledSoftmaxLoss)
 
     def validate(self, model: nn.Module, loader: BatchLoader, device: torch.device,
                  world_size: int, pipeline: TrainPipeline | None) -> dict[str, float]:
-        from ctrctl.models.two_tower import retrieval_metrics
-
         del loader, device, world_size, pipeline  # the towers embed the split's rows
         return retrieval_metrics(model, self.dataset, self.manifest, self.split)
 
