@@ -59,6 +59,9 @@ def test_index_then_eval_report_the_model_index_and_baselines(run: Path) -> None
     assert metrics["index.recall@10"] == pytest.approx(metrics["recall@10"], abs=0.01)
     # the planted factors are learnable: the model beats chance (100 of 190 unseen: ~0.53)
     assert metrics["recall@100"] > 0.6
+    done = cli.invoke(app, ["quantize", "--checkpoint", str(run / "run"), "--out",
+                            str(run / "export"), "--no-track"])
+    assert done.exit_code == 1 and "two-tower" in done.output
 
 
 def test_index_of_a_folder_without_a_checkpoint_is_one_clean_error(tmp_path: Path) -> None:
