@@ -83,7 +83,7 @@ def kjt_from_frame(frame: pl.DataFrame, keys: Sequence[str]) -> KeyedJaggedTenso
     values, lengths = [], []
     for key in keys:
         column = frame[key]
-        if column.dtype == pl.List(pl.Int64) or isinstance(column.dtype, pl.List):
+        if isinstance(column.dtype, pl.List):  # multi-hot
             lengths.append(torch.from_numpy(column.list.len().to_numpy().astype("int64")))
             values.append(torch.from_numpy(column.explode().drop_nulls().to_numpy()
                                            .astype("int64")))
