@@ -95,6 +95,12 @@ def command_page(name: str, command: Any, ctx: Any, prose: str | None) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def page_name(command: str) -> str:
+    """The page file of a command: ``<name>.md``; ``ctrctl index``'s would be the listing's
+    own ``index.md``, so it is ``index-command.md``."""
+    return "index-command.md" if command == "index" else f"{command}.md"
+
+
 def index_page(group: Any, ctx: Any) -> str:
     """The commands, one line each, linking to their pages, and the options before them."""
     lines = [GENERATED, "", "# Commands", "",
@@ -102,7 +108,8 @@ def index_page(group: Any, ctx: Any) -> str:
              "same).", "", "| command | what it does |", "|---|---|"]
     for name, command in group.commands.items():
         if not getattr(command, "hidden", False):
-            lines.append(f"| [`ctrctl {name}`]({name}.md) | {_cell(_summary(command))} |")
+            lines.append(f"| [`ctrctl {name}`]({page_name(name)}) | "
+                         f"{_cell(_summary(command))} |")
     table = options_table(group, ctx)
     if table:
         lines += ["", "## Options of `ctrctl` itself", "",
@@ -120,7 +127,7 @@ def render(out: Path) -> dict[Path, str]:
             continue
         prose_file = out / "prose" / f"{name}.md"
         prose = prose_file.read_text(encoding="utf-8") if prose_file.is_file() else None
-        pages[out / f"{name}.md"] = command_page(name, command, _context(command, name, root_ctx),
+        pages[out / page_name(name)] = command_page(name, command, _context(command, name, root_ctx),
                                                  prose)
     return pages
 

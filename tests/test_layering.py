@@ -64,15 +64,17 @@ ALLOWED: dict[str, frozenset[str]] = {
         # Serving needs nothing from the training loop.
         "inference": _L5,
         "evaluation": _L5 | {"training", "inference"},
+        # Two-tower retrieval: index, full-ranking evaluation, baselines, synthetic logs.
+        "retrieval": _L5 | {"training", "inference"},
         # The runner calls every step's library in process; only the CLI imports it.
-        "runner": _LIBRARY,
+        "runner": _LIBRARY | {"retrieval"},
         # The online ranker: the artifact's loader and the raw-log reader (load tests).
         "serving": _L4 | {"inference"},
         # Drift and calibration of a model on new or served rows (reads serving's registry
         # source and the export's encoder).
         "monitoring": _LIBRARY | {"serving"},
-        "cli": _LIBRARY | {"runner", "serving", "monitoring"},
-        "ctrctl": _LIBRARY | {"runner", "serving", "monitoring"},  # the public API: lazy re-exports
+        "cli": _LIBRARY | {"runner", "serving", "monitoring", "retrieval"},
+        "ctrctl": _LIBRARY | {"runner", "serving", "monitoring", "retrieval"},  # the public API: lazy re-exports
         "__main__": {"cli"},
         "testing": _LIBRARY,  # helpers for tests: nothing in the library imports them
     }.items()

@@ -39,6 +39,7 @@ class LogFormat(str, enum.Enum):
 
     criteo = "criteo"
     avazu = "avazu"
+    two_tower = "two_tower"
 
 
 class DevicePreset(str, enum.Enum):

@@ -66,6 +66,30 @@ def _summary(metrics: dict[str, Any], segments: dict[str, list[dict[str, Any]]])
         console.print(seg)
 
 
+def _eval_retrieval(checkpoint: Path, out: Path, dataset: Path | None, split: str,
+                    index: Path | None, baselines: bool, overwrite: bool, tracker: Any,
+                    as_json: bool) -> None:
+    from ctrctl.retrieval.evaluate import evaluate_retrieval
+
+    with locked(out, "eval"):
+        metrics = evaluate_retrieval(checkpoint, out, dataset=dataset, split=split,
+                                     index=index, baselines=baselines, overwrite=overwrite,
+                                     tracker=tracker)
+    if as_json:
+        typer.echo(json.dumps(metrics, indent=2))
+        return
+    table = Table(title=f"retrieval on {split}: {metrics['queries']:,} queries, "
+                        f"{metrics['items']:,} items (full ranking)")
+    table.add_column("metric")
+    prefixes = [p for p in ("", "index.", "popularity.", "bpr.")
+                if f"{p}recall@10" in metrics]
+    for prefix in prefixes:
+        table.add_column(prefix.rstrip(".") or "model", justify="right")
+    for name in [k for k in metrics if k.startswith(("recall@", "ndcg@"))]:
+        table.add_row(name, *[f"{metrics[p + name]:.4f}" for p in prefixes])
+    console.print(table)
+
+
 def eval_command(
     out: OutDir,
     checkpoint: Annotated[Path | None, typer.Option(
@@ -99,18 +123,34 @@ def eval_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print metrics.json to stdout.")] = False,
     config: Annotated[Path | None, typer.Option(
         "--config", "-c", help="Pipeline YAML whose eval.gates apply when no --gate is given.")] = None,
+    index: Annotated[Path | None, typer.Option(
+        help="Two-tower checkpoints: an index folder (ctrctl index) to rank through too "
+             "(index.recall@K).")] = None,
     overwrite: Overwrite = False,
     tracking_uri: TrackingUri = None,
     no_track: NoTrack = False,
     experiment: Experiment = "ctrctl",
 ) -> None:
-    """Evaluate a checkpoint (or a predictions file) on a dataset split."""
+    """Evaluate a checkpoint (or a predictions file) on a dataset split.
+
+    A two-tower checkpoint (model.kind: two_tower) is evaluated by full ranking of every
+    item, the user's earlier items excluded: recall@K and NDCG@K (K 10, 50, 100) of the
+    model, of --index, of popularity and of BPR matrix factorisation, in metrics.json.
+    """
     from ctrctl.evaluation import launch as dist_launch
     from ctrctl.evaluation.evaluate import evaluate, gates_from_output
     from ctrctl.evaluation.gates import parse_gates, raise_for_failures
     from ctrctl.io import check_destination
 
     parse_gates(gate or [])  # a bad gate fails here, before anything runs
+    if checkpoint is not None and predictions is None:
+        from ctrctl.retrieval.evaluate import is_two_tower
+
+        if is_two_tower(checkpoint):
+            _eval_retrieval(checkpoint, out, dataset, split, index, not no_baselines,
+                            overwrite, tracker_from(no_track, tracking_uri, experiment),
+                            as_json)
+            return
     if not gate and config is not None:
         from ctrctl.config import load_config
         from ctrctl.evaluation.gates import gates_from_mapping

@@ -54,11 +54,20 @@ def synth_command(
     no_track: NoTrack = False,
     experiment: Experiment = "ctrctl",
 ) -> None:
-    """Write synthetic click logs, their true click probabilities and the best AUC."""
+    """Write synthetic click logs, their true click probabilities and the best AUC.
+
+    ``--format two_tower`` writes an interaction log from planted user and item factors
+    (``--cardinality users=N items=M``; ``--rows`` interactions in all) with its schema and
+    the oracle's recall@K.
+    """
     from ctrctl.data.synthetic import parse_assignments, synthesize
 
     if days is not None:
         _synth_days(out, days, rows, new_ids_per_day, popularity_drift, seed, overwrite)
+        return
+    if format == LogFormat.two_tower:
+        _synth_two_tower(out, rows, seed, parse_assignments(cardinality, int, "--cardinality"),
+                         overwrite)
         return
     tracker = tracker_from(no_track, tracking_uri, experiment)
     with locked(out, "synth"):
@@ -107,6 +116,24 @@ def _synth_days(out: Path, days: int, rows: int, new_ids_per_day: int, drift: fl
                       f"{result.label_rate[day]:.4f}", f"{result.best_auc[day]:.4f}")
     console.print(table)
     console.print(f"distinct ids: {result.distinct}")
+
+
+def _synth_two_tower(out: Path, rows: int, seed: int, sizes: dict[str, int],
+                     overwrite: bool) -> None:
+    from ctrctl.errors import ConfigError
+    from ctrctl.retrieval.synthetic import synthesize_two_tower
+
+    unknown = sorted(set(sizes) - {"users", "items"})
+    if unknown:
+        raise ConfigError(f"--cardinality {unknown[0]}: two_tower takes users= and items=")
+    users = sizes.get("users", 2000)
+    with locked(out, "synth"):
+        result = synthesize_two_tower(out, users=users, items=sizes.get("items", 5000),
+                                      per_user=max(rows // users, 3), seed=seed,
+                                      overwrite=overwrite)
+    oracle = ", ".join(f"{k} {v:.3f}" for k, v in result["oracle"].items())
+    console.print(f"{result['rows']:,} interactions of {users:,} users in {out}; "
+                  f"oracle {oracle}")
 
 
 def register(app: typer.Typer) -> None:

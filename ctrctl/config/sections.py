@@ -49,6 +49,40 @@ class _Section(BaseModel):
 
 
 # ---- model -------------------------------------------------------------------------------
+class TowerConfig(_Section):
+    """One tower of a two-tower model: an EBC over its features, then an MLP.
+
+    Attributes:
+        layers: the MLP's widths; the last is the output (L2-normalised) width, the same in
+            both towers.
+    """
+
+    layers: tuple[int, ...] = (64, 32)
+
+    @model_validator(mode="after")
+    def _check(self) -> TowerConfig:
+        if not self.layers or any(size <= 0 for size in self.layers):
+            raise ValueError("a tower's layers must be a non-empty list of positive sizes")
+        return self
+
+
+class SoftmaxConfig(_Section):
+    """The two-tower loss: a sampled softmax over in-batch negatives.
+
+    Attributes:
+        temperature: divides the cosine scores.
+        logq: lower each candidate's score by the log of its streaming popularity estimate.
+        popularity_alpha: weight of a new interval in the popularity estimate.
+        uniform_negatives: item ids drawn uniformly per step beside the in-batch ones
+            (mixed negatives; the item tower must hold the item id alone).
+    """
+
+    temperature: float = Field(default=0.05, gt=0)
+    logq: bool = True
+    popularity_alpha: float = Field(default=0.01, gt=0, le=1)
+    uniform_negatives: int = Field(default=0, ge=0)
+
+
 class ModelConfig(_Section):
     """The DLRM: bottom (dense) MLP, embedding tables, interaction, top (over) MLP.
 
@@ -69,8 +103,17 @@ class ModelConfig(_Section):
             interaction where the dense vector would be, so each embedding has a first-order
             term too (its dot with that vector), as dense models get from the dense vector;
             false: the embeddings' pairwise dots only (checkpoints from before this setting).
+        kind: ``dlrm`` (the ranker) or ``two_tower`` (retrieval: the schema's ``role:
+            query`` features feed ``query_tower``, ``item``/``item_id`` ones ``item_tower``;
+            dense_arch, over_arch and interaction are not used).
+        query_tower, item_tower: see :class:`TowerConfig`.
+        softmax: the two-tower loss, see :class:`SoftmaxConfig`.
     """
 
+    kind: Literal["dlrm", "two_tower"] = "dlrm"
+    query_tower: TowerConfig = TowerConfig()
+    item_tower: TowerConfig = TowerConfig()
+    softmax: SoftmaxConfig = SoftmaxConfig()
     embedding_dim: int = Field(default=16, gt=0)
     dense_arch: tuple[int, ...] = (64, 16)
     over_arch: tuple[int, ...] = (64, 32, 1)
@@ -86,6 +129,10 @@ class ModelConfig(_Section):
         bad = {k: v for k, v in self.cached_tables.items() if not 0 < v <= 1}
         if bad:
             raise ValueError(f"cached_tables load factors must be in (0, 1], got {bad}")
+        if self.kind == "two_tower":  # the DLRM's arches are not used
+            if self.query_tower.layers[-1] != self.item_tower.layers[-1]:
+                raise ValueError("query_tower and item_tower must end at the same width")
+            return self
         if any(size <= 0 for size in self.dense_arch):
             raise ValueError("dense_arch must be a list of positive sizes")
         if self.dense_arch and self.dense_arch[-1] != self.embedding_dim:
@@ -150,7 +197,8 @@ class EarlyStoppingConfig(_Section):
 
     Attributes:
         enabled: use early stopping when a validation split exists.
-        metric: the validation metric watched (``logloss`` or ``auc``).
+        metric: the validation metric watched (``logloss`` or ``auc``; a two-tower model:
+            ``recall@10``, ``recall@50`` or ``recall@100``).
         mode: ``min`` (logloss) or ``max`` (auc); ``auto`` picks by the metric.
         patience: validations without improvement before stopping.
         min_delta: an improvement smaller than this does not count.
@@ -158,7 +206,7 @@ class EarlyStoppingConfig(_Section):
     """
 
     enabled: bool = True
-    metric: Literal["logloss", "auc"] = "logloss"
+    metric: Literal["logloss", "auc", "recall@10", "recall@50", "recall@100"] = "logloss"
     mode: Literal["auto", "min", "max"] = "auto"
     patience: int = Field(default=3, ge=1)
     min_delta: float = Field(default=0.0, ge=0)
@@ -169,7 +217,7 @@ class EarlyStoppingConfig(_Section):
         """``min`` or ``max``: ``auto`` resolved by the metric."""
         if self.mode != "auto":
             return self.mode
-        return "max" if self.metric == "auc" else "min"
+        return "min" if self.metric == "logloss" else "max"
 
 
 class TrainingConfig(_Section):

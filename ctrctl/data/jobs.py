@@ -5,13 +5,14 @@ Parquet parts it writes."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import polars as pl
 
 from ctrctl.data.fastpath import SplitRule
 from ctrctl.data.guards import carve_plan
+from ctrctl.data.interactions import leave_last_out_applies, leave_last_out_split, positive_rows
 from ctrctl.data.readers import InputSource, ScannedInput, day_of, reading, scan_input
 from ctrctl.data.schema import Schema
 from ctrctl.data.transforms import ROW, random_unit
@@ -62,6 +63,10 @@ def _plan_jobs(
     jobs = [_Job(s, i, scan_input(schema, s.path)) for i, s in enumerate(sources)]
     carve = carve_plan(sources, ratio, split_by_day, val_fraction)
     last_day = max(day_of(s.path) for s in sources) if split_by_day else None
+    if schema.interactions is not None:
+        _plan_interactions(schema, jobs, sources, ratio, split_by_day)
+        if leave_last_out_applies(schema, sources, ratio, split_by_day):
+            return jobs
     for job in jobs:
         source = job.source
         if split_by_day:
@@ -96,3 +101,22 @@ def _plan_jobs(
             job.split_expr = pl.lit(source.split or "train")
             job.split_rule = ("literal", source.split or "train")
     return jobs
+
+
+def _plan_interactions(schema: Schema, jobs: list[_Job], sources: list[InputSource],
+                       ratio: tuple[float, float, float] | None, split_by_day: bool) -> None:
+    """Keep positives only; with no split named, divide them leave-last-out.
+
+    Leave-last-out ranks each user's rows over the whole input, so the inputs are read as
+    one frame (one job); the native fast path neither filters nor ranks, so it is not used.
+    """
+    for job in jobs:
+        job.scan = replace(job.scan, frame=job.scan.frame.filter(positive_rows(schema)))
+    if not leave_last_out_applies(schema, sources, ratio, split_by_day):
+        return
+    if len(jobs) > 1:
+        raise ConfigError(
+            "leave-last-out splits one interaction log; got several inputs",
+            hint="concatenate the logs into one file, or pass --split-ratio")
+    jobs[0].split_expr = leave_last_out_split(schema)
+    jobs[0].split_rule = None

@@ -35,6 +35,7 @@ import polars as pl
 from ctrctl.config import DEFAULT_VAL_FRACTION
 from ctrctl.data.fastpath import SUMMARY, SplitSummary, fast_layout, stream_fast
 from ctrctl.data.guards import carve_plan, check_skipped
+from ctrctl.data.interactions import leave_last_out_applies
 from ctrctl.data.jobs import _Job, _parse_ratio, _plan_jobs, _Target
 from ctrctl.data.manifest import DatasetManifest, SplitInfo
 from ctrctl.data.readers import (
@@ -162,6 +163,8 @@ def preprocess(
     check_destination(out, overwrite)
     if not 0.0 <= val_fraction < 1.0 or not 0.0 <= max_skip_fraction <= 1.0:
         raise ConfigError("--val-fraction must be in [0, 1) and --max-skip-fraction in [0, 1]")
+    if leave_last_out_applies(schema, sources, ratio, split_by_day):
+        val_fraction = 0.0  # the split already holds a val row per user
     carved = carve_plan(sources, ratio, split_by_day, val_fraction) and followed is None
     if carved:
         logger.info("no val input: %.0f%% of the training rows (random, seed %d) become the "
@@ -360,7 +363,8 @@ def _stream_job(
     possible = _possible_splits(job)
     job.targets = [t for t in job.targets if t.split in possible]
     paths = {t.split: t.path for t in job.targets}
-    layout = None if staged or job.split_rule is None else fast_layout(schema, kinds)
+    layout = (None if staged or job.split_rule is None or schema.interactions is not None
+              else fast_layout(schema, kinds))
     if layout is not None:
         assert job.split_rule is not None
         counted = _CountedProgress(progress)

@@ -33,6 +33,8 @@ A schema is a YAML file (``schemas/criteo.yaml``, ``schemas/avazu.yaml``)::
         collision: {kind: zch, capacity: 100000, eviction: lru}   # lfu | lru | ttl
         #   ttl_days: 7           # ttl: free a row unused for 7 days of data time
         #   admit_min_count: 2    # lookups before an id gets a row of its own (default 1)
+      # two-tower retrieval: role: query | item | item_id is a sparse feature of that
+      # tower (read back as role: sparse, tower: query ...)
       - name: hour
         role: ignore
         derive:                 # optional: sparse features computed from a timestamp
@@ -42,6 +44,13 @@ A schema is a YAML file (``schemas/criteo.yaml``, ``schemas/avazu.yaml``)::
 A ``ttl`` collision needs the data time: ``time_column: NAME`` names a column whose
 value is the event time, in days (a number), or a timestamp read with that column's
 ``derive.format``.
+
+An implicit-feedback log for retrieval adds (``schemas/movielens_retrieval.yaml``)::
+
+    interactions:
+      user: user                # leave-last-out groups by this column
+      time: timestamp           # and orders by this one
+      positives: label          # label: keep rows labelled 1 | all: every row is positive
 
 libfm files (``label idx:value idx:value ...``, one field per position, e.g. Frappe) list
 one column per field position in ``columns``: a sparse column takes each field's index, a
@@ -70,6 +79,9 @@ from ctrctl.errors import SchemaError
 from ctrctl.io import json_sha256, path_name_problem, read_text
 
 Role = Literal["label", "dense", "sparse", "ignore"]
+#: The two-tower side of a sparse feature: the query (user) tower, the item tower, or the
+#: item's identity (an item-tower feature that also names the item to retrieve).
+Tower = Literal["query", "item", "item_id"]
 DerivedFeature = Literal["hour_of_day", "weekday", "day"]
 
 #: Embedding rows of each derived feature (hour 0-23, weekday 1-7, day of month 1-31).
@@ -186,9 +198,20 @@ class Column(_Frozen):
     collision: Collision | None = None
     multi_hot_separator: str | None = None
     derive: Derive | None = None
+    tower: Tower | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tower_role(cls, data: Any) -> Any:
+        """``role: query|item|item_id`` is a sparse feature of that tower (``tower:``)."""
+        if isinstance(data, dict) and data.get("role") in ("query", "item", "item_id"):
+            return {**data, "role": "sparse", "tower": data["role"]}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> Column:
+        if self.tower is not None and self.role != "sparse":
+            raise ValueError(f"column {self.name!r}: tower is for sparse columns")
         problem = path_name_problem(self.name)
         if problem:
             raise ValueError(f"column name {self.name!r:.80} {problem}")
@@ -230,6 +253,21 @@ class Column(_Frozen):
         return "vocab" if self.min_count is not None else "hash"
 
 
+class Interactions(_Frozen):
+    """An implicit-feedback log for retrieval: which rows are positives, and their order.
+
+    Attributes:
+        user: the column a user's interactions are grouped by (leave-last-out split).
+        time: the column ordering a user's interactions (a number, e.g. Unix seconds).
+        positives: ``label``: only rows whose label is 1 are kept (e.g. rating >= 4);
+            ``all``: every row is a positive.
+    """
+
+    user: str
+    time: str
+    positives: Literal["label", "all"] = "label"
+
+
 class Schema(_Frozen):
     """A parsed, validated schema (see the module docstring for the YAML)."""
 
@@ -241,6 +279,7 @@ class Schema(_Frozen):
     label_rule: LabelRule | None = None
     time_column: str | None = None
     columns: tuple[Column, ...]
+    interactions: Interactions | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -288,7 +327,27 @@ class Schema(_Frozen):
             raise ValueError(f"time_column {self.time_column!r} is not a column")
         if self.separator is not None and len(self.separator) != 1:
             raise ValueError("separator must be one character")
+        if self.interactions is not None:
+            self._check_interactions(self.interactions, names)
         return self
+
+    def _check_interactions(self, spec: Interactions, names: list[str]) -> None:
+        for key in ("user", "time"):
+            if getattr(spec, key) not in names:
+                raise ValueError(f"interactions.{key} {getattr(spec, key)!r} is not a column")
+        ids = [c.name for c in self.sparse if c.tower == "item_id"]
+        if len(ids) != 1:
+            raise ValueError(f"interactions need one column with role: item_id (found {ids})")
+        if not any(c.tower == "query" for c in self.sparse):
+            raise ValueError("interactions need at least one column with role: query")
+
+    def towers(self) -> dict[str, list[str]]:
+        """Sparse features per tower: ``{"query": [...], "item": [...]}``; the item_id
+        feature is the first of ``item``."""
+        query = [c.name for c in self.sparse if c.tower == "query"]
+        item = [c.name for c in self.sparse if c.tower == "item_id"]
+        item += [c.name for c in self.sparse if c.tower == "item"]
+        return {"query": query, "item": item}
 
     # ---- queries -------------------------------------------------------------------
     @property

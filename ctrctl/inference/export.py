@@ -473,6 +473,13 @@ def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *
 
     out = Path(out)
     refuse_output_over_inputs(out, [checkpoint, dataset])
+    kind = (ckpt.read_metadata(checkpoint).config or {}).get("model", {}).get("kind")
+    if kind == "two_tower":
+        raise ConfigError("ctrctl quantize exports rankers (DLRM); this checkpoint holds a "
+                          "two-tower retrieval model", where=str(checkpoint),
+                          hint="index its items with ctrctl index --checkpoint "
+                               f"{checkpoint} --out INDEX (--kind sq8 or ivfpq: INT8 or PQ "
+                               "codes)")
     if out.exists() and not overwrite:
         raise OutputExistsError("the export folder already exists", where=str(out),
                                 hint="pass --overwrite to replace it")

@@ -82,9 +82,17 @@ def build_model(config: PipelineConfig, manifest: DatasetManifest,
 
     Tables are initialised from ``training.seed``, the MLPs from torch's global RNG (seed it
     first for a repeatable run). A dataset without dense features gets no dense arch
-    (``model.dense_arch`` is ignored).
+    (``model.dense_arch`` is ignored). ``model.kind: two_tower`` builds a
+    :class:`~ctrctl.modules.two_tower.TwoTower` instead (:mod:`ctrctl.models.two_tower`).
     """
     m = config.model
+    if m.kind == "two_tower":
+        from ctrctl.models.two_tower import build_two_tower
+
+        if device.type == "cpu":
+            _check_tables_fit(manifest, m.embedding_dim, set())
+        return build_two_tower(config, manifest, device,
+                               embedding_optimizer(config.embedding_optimizer))
     if not manifest.sparse:
         raise ConfigError("the dataset has no sparse features to embed",
                           where="manifest.json", hint="a DLRM needs at least one")

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from ctrctl import checkpoint as ckpt
 from ctrctl.compat import bf16_autocast_supported
@@ -56,6 +55,7 @@ from ctrctl.tracking import Run, Tracker
 from ctrctl.training.cache_report import format_cache_report, gather_cache_metrics
 from ctrctl.training.collision_report import collision_metrics, format_collision_report
 from ctrctl.training.early_stopping import EarlyStopping
+from ctrctl.training.objectives import objective_for
 from ctrctl.training.optimizers import dense_optimizer
 from ctrctl.training.result import TrainResult
 from ctrctl.training.sizes import FEW_STEPS, resolve_sizes
@@ -118,7 +118,8 @@ class _Trainer:
             self.plan = getattr(self.model, "plan", plan)
         self.optimizer = dense_optimizer(model_io.dense_parameters(self.model),
                                          config.dense_optimizer)
-        self.loss_fn = nn.BCEWithLogitsLoss()
+        self.objective = objective_for(config, dataset, self.manifest)
+        self.loss_fn = self.objective.loss_fn
         self.use_bf16 = self.t.bf16 and bf16_autocast_supported(self.device)
         self.tracer = Tracer(enabled=self.t.trace is not None)
         self.pipeline: TrainPipeline | None = None
@@ -147,7 +148,8 @@ class _Trainer:
         self.total_steps = self.t.max_steps or self.sizes.epochs * per_epoch
         self.val_every = self.sizes.val_every
         es = self.t.early_stopping
-        self.early = EarlyStopping(es.metric, es.direction, es.patience, es.min_delta) \
+        self.early = EarlyStopping(self.objective.early_metric, self.objective.early_direction,
+                                   es.patience, es.min_delta) \
             if es.enabled and self.val_loader is not None else None
         self.stop_reason: str | None = None
         self.step = 0
@@ -291,8 +293,8 @@ class _Trainer:
     def _validate(self) -> dict[str, float] | None:
         if self.val_loader is None:
             return None
-        values = evaluate_model(self.model, self.val_loader, self.device, self.world_size,
-                                self.pipeline)
+        values = self.objective.validate(self.model, self.val_loader, self.device,
+                                         self.world_size, self.pipeline)
         entry = {"step": self.step, **{f"val.{k}": v for k, v in values.items()}}
         self.history.append(entry)
         self.metrics.update({k: v for k, v in entry.items() if k != "step"})

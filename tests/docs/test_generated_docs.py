@@ -24,12 +24,13 @@ def _script(name: str) -> ModuleType:
 
 
 def test_every_command_and_option_has_its_page(tmp_path: Path) -> None:
-    pages = _script("gen_cli_docs").render(tmp_path)
+    generator = _script("gen_cli_docs")
+    pages = generator.render(tmp_path)
     group = typer.main.get_command(app)
     index = pages[tmp_path / "index.md"]
     for name, command in group.commands.items():
-        page = pages[tmp_path / f"{name}.md"]
-        assert f"({name}.md)" in index
+        page = pages[tmp_path / generator.page_name(name)]
+        assert f"({generator.page_name(name)})" in index
         commands = getattr(command, "commands", None) or {name: command}
         for sub in commands.values():
             for param in sub.params:

@@ -33,6 +33,14 @@ PIPELINES: dict[str, type[TrainPipeline]] = {
 def choose_pipeline(name: str, model: nn.Module) -> str:
     """``auto`` -> the fastest exact pipeline for the model: ``prefetch`` when a table is
     cached, else ``sparse-dist``; any other name is checked and returned."""
+    if getattr(model, "splits_features", False):
+        # a model that divides its features between several EBCs (two-tower) runs them in
+        # its forward; no pipeline can start one EBC's input distribution ahead of it
+        if name not in ("auto", "base"):
+            raise ConfigError(f"training.pipeline {name!r} cannot run a model that splits "
+                              "its features between towers", where="training.pipeline",
+                              hint="use auto or base")
+        return "base"
     # A batch read ahead would be distributed (or prefetched) with its raw keys, before the
     # model's remappers turn them into rows: zch models step one batch at a time.
     managed = any(isinstance(m, ManagedCollisionCollection) for m in model.modules())
