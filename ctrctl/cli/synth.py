@@ -24,10 +24,13 @@ from ctrctl.cli.common import (
 
 def synth_command(
     out: OutDir,
-    format: Annotated[LogFormat, typer.Option("--format", "-f", help="Log format.")] = (
+    format: Annotated[LogFormat, typer.Option(
+        "--format", "-f", metavar="<format>",
+        help="Log format: criteo, avazu, or two_tower (an interaction log from planted user "
+             "and item factors, --cardinality users=N items=M, with the oracle's recall@K).")] = (
         LogFormat.criteo
     ),
-    rows: Annotated[int, typer.Option(min=1, help="Total rows over all splits.")] = 100_000,
+    rows: Annotated[int, typer.Option(min=1, metavar="<int>", help="Total rows over all splits.")] = 100_000,
     seed: Annotated[int, typer.Option(help="Seed: the same arguments give the same bytes.")] = 0,
     split: Annotated[
         list[str] | None,
@@ -39,27 +42,22 @@ def synth_command(
     ] = None,
     days: Annotated[
         int | None,
-        typer.Option(min=2, help="Write a stream of days instead (day_1.csv ..): columns "
+        typer.Option(min=2, metavar="<int>", help="Write a stream of days instead (day_1.csv ..): columns "
                      "click, day, hour, user (hex key), item (int key); --rows is split "
                      "evenly over the days and --format is ignored."),
     ] = None,
     new_ids_per_day: Annotated[
-        int, typer.Option(min=0, help="With --days: users born each day after the first "
+        int, typer.Option(min=0, metavar="<int>", help="With --days: users born each day after the first "
                           "(items: a quarter of it).")] = 2_000,
     popularity_drift: Annotated[
-        float, typer.Option(min=0.0, help="With --days: daily decay rate R of an id's "
+        float, typer.Option(min=0.0, metavar="<float>", help="With --days: daily decay rate R of an id's "
                             "popularity (weight x exp(-R x age in days)).")] = 0.3,
     overwrite: Overwrite = False,
     tracking_uri: TrackingUri = None,
     no_track: NoTrack = False,
     experiment: Experiment = "ctrctl",
 ) -> None:
-    """Write synthetic click logs, their true click probabilities and the best AUC.
-
-    ``--format two_tower`` writes an interaction log from planted user and item factors
-    (``--cardinality users=N items=M``; ``--rows`` interactions in all) with its schema and
-    the oracle's recall@K.
-    """
+    """Write synthetic click logs, their true click probabilities and the best AUC."""
     from ctrctl.data.synthetic import parse_assignments, synthesize
 
     if days is not None:
