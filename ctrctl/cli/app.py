@@ -20,7 +20,7 @@ from ctrctl.errors import CtrctlError
 
 #: Subcommand modules under ctrctl/cli/, in the order of the pipeline.
 COMMANDS: tuple[str, ...] = ("synth", "preprocess", "plan", "train", "eval", "quantize",
-                             "predict", "serve", "loadtest", "run", "config")
+                             "tune", "predict", "serve", "loadtest", "run", "config")
 
 #: The environment variables a user may set, as ``ctrctl --help`` lists them.
 ENVIRONMENT: tuple[tuple[str, str], ...] = (
