@@ -28,7 +28,7 @@ _L2 = _L1 | {"config", "sparse", "metrics"}
 _L3 = _L2 | {"tracking", "data", "modules", "checkpoint"}
 _L4 = _L3 | {"distributed", "distributed.planner"}
 _L5 = _L4 | {"models"}
-_LIBRARY = _L5 | {"planning", "training", "inference", "evaluation"}
+_LIBRARY = _L5 | {"planning", "training", "inference", "evaluation", "tuning"}
 
 #: package -> the packages it may import (besides itself). A package missing here fails the
 #: test: a new package takes its place in this table and in the Layout section of docs/architecture.md.
@@ -64,6 +64,8 @@ ALLOWED: dict[str, frozenset[str]] = {
         # Serving needs nothing from the training loop.
         "inference": _L5,
         "evaluation": _L5 | {"training", "inference"},
+        # The search runs training in process (or through its launcher), never eval.
+        "tuning": _L5 | {"training"},
         # The runner calls every step's library in process; only the CLI imports it.
         "runner": _LIBRARY,
         # The online ranker: the artifact's loader and the raw-log reader (load tests).

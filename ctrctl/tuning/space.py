@@ -36,7 +36,8 @@ from ctrctl.errors import ConfigError
 from ctrctl.io import read_text
 from ctrctl.training.sizes import auto_batch_size
 
-__all__ = ["Param", "default_space", "load_space", "overrides_for", "values_of"]
+__all__ = ["Param", "check_space", "default_space", "load_space", "overrides_for",
+           "space_from_mapping", "values_of"]
 
 #: Keys a ``--space`` entry may hold.
 _RANGE_KEYS = {"low", "high", "log", "step"}
@@ -207,11 +208,14 @@ def _plain(value: Any) -> Any:
 def dense_arch_point(config: PipelineConfig, values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` with ``model.dense_arch`` ending at the (searched) embedding width."""
     out = dict(values)
+    dim = out.get("model.embedding_dim", config.model.embedding_dim)
     arch = out.get("model.dense_arch")
     if arch:
-        dim = out.get("model.embedding_dim", config.model.embedding_dim)
         arch = list(arch)
         out["model.dense_arch"] = arch if arch[-1] == dim else arch + [dim]
+    elif arch is None and config.model.dense_arch and config.model.dense_arch[-1] != dim:
+        # the base arch's last layer follows a searched width (hidden layers kept)
+        out["model.dense_arch"] = [*config.model.dense_arch[:-1], dim]
     return out
 
 
@@ -259,4 +263,12 @@ def load_space(path: str | Path, base: Mapping[str, Any]) -> list[Param]:
                           "or {choices: [...]}", where=str(path))
     space = [_param(str(k), v, key_location(path, [k])) for k, v in data.items()]
     check_space(space, base, str(path))
+    return space
+
+
+def space_from_mapping(data: Mapping[str, Any], base: Mapping[str, Any],
+                       where: str = "tune.space") -> list[Param]:
+    """A space written inline (a pipeline's ``tune.space``), checked as :func:`load_space`."""
+    space = [_param(str(k), v, f"{where}.{k}") for k, v in data.items()]
+    check_space(space, base, where)
     return space

@@ -32,12 +32,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ctrctl.config import PipelineConfig, apply_overrides, load_config, parse_config
+from ctrctl.data.manifest import DatasetManifest
 from ctrctl.errors import ConfigError, CtrctlError
 from ctrctl.io import check_output_location, output_lock
 from ctrctl.tracking import Tracker
 from ctrctl.training.sizes import auto_batch_size
 from ctrctl.tuning.outputs import write_best, write_plots, write_trials
-from ctrctl.tuning.space import Param, default_space, load_space, overrides_for, values_of
+from ctrctl.tuning.space import (
+    Param,
+    default_space,
+    load_space,
+    overrides_for,
+    space_from_mapping,
+    values_of,
+)
 from ctrctl.tuning.trial import (
     STUDY_NAME,
     TrialTarget,
@@ -71,7 +79,8 @@ class TuneRequest:
         trials: finished trials (complete or pruned) the study should hold.
         timeout_s: start no trial after this many seconds of this call (None: no limit).
         metric: ``val.logloss`` or ``val.auc``.
-        space: a ``--space`` YAML (None: :func:`~ctrctl.tuning.space.default_space`).
+        space: a ``--space`` YAML, or its mapping (None or empty: the default space,
+            :func:`~ctrctl.tuning.space.default_space`).
         seed: the sampler's seed.
         pruner: ``median``, ``halving`` or ``none``.
         parallel: trials at once, each on ``cores / parallel`` threads.
@@ -85,7 +94,7 @@ class TuneRequest:
     trials: int = 20
     timeout_s: float | None = None
     metric: str = "val.logloss"
-    space: Path | None = None
+    space: Path | dict[str, Any] | None = None
     seed: int = 0
     pruner: str = "median"
     parallel: int = 1
@@ -207,6 +216,16 @@ def _base(request: TuneRequest) -> PipelineConfig:
                                         "training.early_stopping.mode=auto"])
 
 
+def search_space(request: TuneRequest, base: PipelineConfig,
+                 manifest: DatasetManifest) -> list[Param]:
+    """The request's space: its file, its mapping, or the default one."""
+    if isinstance(request.space, dict) and request.space:
+        return space_from_mapping(request.space, base.to_dict())
+    if isinstance(request.space, Path):
+        return load_space(request.space, base.to_dict())
+    return default_space(base, manifest, request.nproc_per_node)
+
+
 def _run_parallel(request: TuneRequest, target: TrialTarget, remaining: int) -> None:
     """``parallel`` worker processes on the one study, the cores divided between them."""
     import os
@@ -243,8 +262,7 @@ def tune(request: TuneRequest, tracker: Tracker | None = None) -> TuneResult:
     out = check_output_location(request.out)
     manifest = read_manifest(request.dataset)
     world = request.nproc_per_node
-    space = load_space(request.space, base.to_dict()) if request.space else \
-        default_space(base, manifest, world)
+    space = search_space(request, base, manifest)
     with output_lock(out, "tune"):
         view = training_view(Path(request.dataset), out / ".view", base.training.val_split)
         study = open_study(out, request.metric, request.seed, request.pruner, request.trials)

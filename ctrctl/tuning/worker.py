@@ -23,22 +23,27 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from ctrctl.errors import CtrctlError
-    from ctrctl.tuning.space import default_space, load_space
-    from ctrctl.tuning.study import TuneRequest, _base, make_objective, open_study
+    from ctrctl.tuning.study import (
+        TuneRequest,
+        _base,
+        make_objective,
+        open_study,
+        search_space,
+    )
     from ctrctl.tuning.trial import TrialTarget, read_manifest, target_tracker
 
     spec = json.loads(Path(args[0]).read_text())
     raw = spec["request"]
     for key in ("dataset", "out", "config", "space"):
-        raw[key] = Path(raw[key]) if raw.get(key) else None
+        if isinstance(raw.get(key), str) or raw.get(key) is None:
+            raw[key] = Path(raw[key]) if raw.get(key) else None
     raw["overrides"] = tuple(raw.get("overrides", ()))
     request = TuneRequest(**raw)
     target = TrialTarget(**spec["target"])
     torch.set_num_threads(int(spec["threads"]))
     try:
         base = _base(request)
-        space = load_space(request.space, base.to_dict()) if request.space else \
-            default_space(base, read_manifest(request.dataset), request.nproc_per_node)
+        space = search_space(request, base, read_manifest(request.dataset))
         study = open_study(request.out, request.metric, int(spec["seed"]), request.pruner,
                            request.trials)
         states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)

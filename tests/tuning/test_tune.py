@@ -206,3 +206,14 @@ def test_a_dataset_without_val_says_how_one_is_carved(tmp_path: Path) -> None:
                  num_embeddings=20)
     with pytest.raises(ConfigError, match="no 'val' split.*10% of train is carved"):
         tune(TuneRequest(dataset=dataset, out=tmp_path / "tune", trials=1))
+
+
+def test_a_searched_embedding_width_carries_the_dense_arch_along() -> None:
+    from ctrctl.tuning.space import overrides_for
+
+    base = load_config()  # dense_arch [64, 16], embedding_dim 16
+    assert overrides_for(base, {"model.embedding_dim": 8}) == [
+        "model.embedding_dim=8", "model.dense_arch=[64, 8]"]
+    assert overrides_for(base, {"model.embedding_dim": 32, "model.dense_arch": [128, 64]}) == [
+        "model.embedding_dim=32", "model.dense_arch=[128, 64, 32]"]
+    assert overrides_for(base, {"model.embedding_dim": 16}) == ["model.embedding_dim=16"]
