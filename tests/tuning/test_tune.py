@@ -225,3 +225,15 @@ def test_a_searched_embedding_width_carries_the_dense_arch_along() -> None:
     assert overrides_for(base, {"model.embedding_dim": 32, "model.dense_arch": [128, 64]}) == [
         "model.embedding_dim=32", "model.dense_arch=[128, 64, 32]"]
     assert overrides_for(base, {"model.embedding_dim": 16}) == ["model.embedding_dim=16"]
+
+
+def test_a_second_search_on_one_folder_is_refused(tmp_path: Path) -> None:
+    from ctrctl.errors import OutputLockedError
+    from ctrctl.io import output_lock
+
+    dataset = _dataset(tmp_path / "data")
+    out = tmp_path / "tune"
+    with output_lock(out, "tune"):  # as a running search holds it
+        with pytest.raises(OutputLockedError, match="being written by"):
+            tune(TuneRequest(dataset=dataset, out=out, trials=1))
+    assert not (out / "study.db").exists()
