@@ -54,7 +54,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     parser.add_argument("--work", type=Path, default=Path("runs/tune-samples"))
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--bench-json", type=Path, default=None,
+                        help="also write the table docs/performance.md renders "
+                        "(benchmarks/results/<cpu>/tune.json)")
     return parser.parse_args(argv)
+
+
+def write_bench(path: Path, rows: list[dict[str, Any]], load_before: str) -> None:
+    """The per-set table of docs/performance.md: time per trial, pruned, test AUC."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from render_performance import write_result
+
+    table = []
+    for r in rows:
+        counts = r["counts"]
+        finished = counts.get("COMPLETE", 0) + counts.get("PRUNED", 0)
+        table.append({"values": {
+            "set (study seed)": f"{r['set']} ({r['seed']})",
+            "trials (pruned)": f"{finished} ({counts.get('PRUNED', 0)})",
+            "s per trial (median)": f"{r['seconds_per_trial']:.1f}",
+            "search s": f"{r['tune_s']:.0f}",
+            "test AUC defaults": f"{r['defaults']['auc']:.4f}",
+            "test AUC tuned": f"{r['tuned']['auc']:.4f}"}})
+    write_result(path, "tune", "Hyperparameter search: `ctrctl tune` on the shared samples "
+                 "(`scripts/tune_samples.py`)",
+                 "TPE + median pruner on the carved val split (10% of train), the default "
+                 "space; test AUC of DIR/best against the defaults trained with the same "
+                 "seed. One study seed per set: a spread needs the 3-seed protocol.",
+                 list(table[0]["values"]), table, load_before)
 
 
 def _cli(args: list[str]) -> None:
@@ -108,6 +135,7 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    load_before = f"{os.getloadavg()[0]:.2f}"
     rows = []
     for name in args.sets:
         for seed in args.seeds:
@@ -123,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                          "tuned_auc_spread": (max(t) - min(t)) if len(t) > 1 else math.nan}
         print(f"{name}: test AUC defaults {summary[name]['defaults_auc']:.4f}, tuned "
               f"{summary[name]['tuned_auc']:.4f} over seeds {args.seeds}")
+    if args.bench_json:
+        write_bench(args.bench_json, rows, load_before)
     if args.json:
         args.json.write_text(json.dumps({"cpu": os.uname().machine, "load": os.getloadavg(),
                                          "args": sys.argv[1:], "rows": rows,
