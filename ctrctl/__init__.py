@@ -58,6 +58,9 @@ _EXPORTS: dict[str, str] = {
     "load_model": "ctrctl.models.scoring",
     "predict_split": "ctrctl.models.scoring",
     "evaluate": "ctrctl.evaluation",
+    # hyperparameter search
+    "tune": "ctrctl.tuning",
+    "TuneRequest": "ctrctl.tuning",
     # metrics (torchmetrics Metrics, usable in any training loop)
     "CTRMetrics": "ctrctl.metrics",
     "StreamingAUC": "ctrctl.metrics",

@@ -66,17 +66,19 @@ ALLOWED: dict[str, frozenset[str]] = {
         "evaluation": _L5 | {"training", "inference"},
         # Two-tower retrieval: index, full-ranking evaluation, baselines, synthetic logs.
         "retrieval": _L5 | {"training", "inference"},
+        # The search runs training in process (or through its launcher), never eval.
+        "tuning": _L5 | {"training"},
         # The runner calls every step's library in process; only the CLI imports it.
-        "runner": _LIBRARY | {"retrieval"},
+        "runner": _LIBRARY | {"retrieval", "tuning"},
         # The online ranker: the artifact's loader and the raw-log reader (load tests).
         "serving": _L4 | {"inference"},
         # Drift and calibration of a model on new or served rows (reads serving's registry
         # source and the export's encoder).
         "monitoring": _LIBRARY | {"serving"},
-        "cli": _LIBRARY | {"runner", "serving", "monitoring", "retrieval"},
-        "ctrctl": _LIBRARY | {"runner", "serving", "monitoring", "retrieval"},  # the public API: lazy re-exports
+        "cli": _LIBRARY | {"runner", "serving", "monitoring", "retrieval", "tuning"},
+        "ctrctl": _LIBRARY | {"runner", "serving", "monitoring", "retrieval", "tuning"},  # the public API: lazy re-exports
         "__main__": {"cli"},
-        "testing": _LIBRARY,  # helpers for tests: nothing in the library imports them
+        "testing": _LIBRARY | {"tuning"},  # helpers for tests: nothing in the library imports them
     }.items()
 }
 

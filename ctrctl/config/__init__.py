@@ -47,6 +47,7 @@ from ctrctl.config.sections import (
     SynthConfig,
     TableConstraintConfig,
     TrainingConfig,
+    TuneStepConfig,
 )
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "SynthConfig",
     "TableConstraintConfig",
     "TrainingConfig",
+    "TuneStepConfig",
     "apply_overrides",
     "as_saved_before",
     "defaults_path",

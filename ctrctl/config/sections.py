@@ -28,6 +28,7 @@ __all__ = [
     "SynthConfig",
     "TableConstraintConfig",
     "TrainingConfig",
+    "TuneStepConfig",
 ]
 
 
@@ -480,6 +481,30 @@ class RegisterConfig(_Section):
     min_gain: float = Field(default=0.0, ge=0.0)
 
 
+class TuneStepConfig(_Section):
+    """The optional tune step of ``ctrctl run``: a search before training (``ctrctl tune``).
+
+    With ``trials`` above 0 the run searches on the val split (into ``WORKDIR/tune``) and
+    the train step trains the best trial's model, training and optimizer settings.
+
+    Attributes:
+        trials: finished trials to run (0: no tune step).
+        timeout_s: start no trial after this many seconds (null: no limit).
+        metric: ``val.logloss`` or ``val.auc``.
+        space: pipeline key -> ``{low, high, log}`` or ``{choices: [...]}`` (empty: the
+            built-in space; see ``ctrctl tune --space``).
+        seed: the sampler's seed.
+        pruner: ``median``, ``halving`` or ``none``.
+    """
+
+    trials: int = Field(default=0, ge=0)
+    timeout_s: float | None = Field(default=None, gt=0)
+    metric: Literal["val.logloss", "val.auc"] = "val.logloss"
+    space: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    seed: int = 0
+    pruner: Literal["median", "halving", "none"] = "median"
+
+
 class RunnerConfig(_Section):
     """How ``ctrctl run`` executes the steps.
 
@@ -530,6 +555,7 @@ with warnings.catch_warnings():
         synth: SynthConfig = SynthConfig()
         quantize: QuantizeStepConfig = QuantizeStepConfig()
         register: RegisterConfig = RegisterConfig()
+        tune: TuneStepConfig = TuneStepConfig()
         runner: RunnerConfig = RunnerConfig()
 
         def to_dict(self) -> dict[str, Any]:

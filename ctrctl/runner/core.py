@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 GATE_FAILED_EXIT = 3
 #: The figure each step's line and the summary table show.
 KEY_METRICS = {"synth": "rows", "preprocess": "rows", "plan": "world_size",
-               "train": "val.auc", "eval": "auc", "quantize": "bytes.ratio",
+               "tune": "best", "train": "val.auc", "eval": "auc", "quantize": "bytes.ratio",
                "register": "model_uri"}
 
 

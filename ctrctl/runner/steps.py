@@ -6,6 +6,7 @@ the next step's inputs, all under one working folder::
     raw/          synth: synthetic logs (optional)
     dataset/      preprocess: Parquet splits + manifest.json
     plan.json     plan
+    tune/         tune (with tune.trials > 0): study.db, best.yaml, best/, trials.parquet
     train/        train: checkpoints/, metrics.json, config.json
     eval/         eval: metrics.json, gates.json, plots
     export/       quantize: the quantized model (and its MLflow pyfunc model in the run)
@@ -28,8 +29,8 @@ from ctrctl.tracking import Tracker
 
 logger = logging.getLogger(__name__)
 
-STEPS: tuple[str, ...] = ("synth", "preprocess", "plan", "train", "eval", "quantize",
-                          "register")
+STEPS: tuple[str, ...] = ("synth", "preprocess", "plan", "tune", "train", "eval",
+                          "quantize", "register")
 
 
 @dataclass
@@ -59,8 +60,24 @@ class Context:
         return self.workdir / "plan.json"
 
     @property
+    def tune(self) -> Path:
+        return self.workdir / "tune"
+
+    @property
     def train(self) -> Path:
         return self.workdir / "train"
+
+    def train_config(self) -> PipelineConfig:
+        """The config training uses: the pipeline's, with the tune step's best model,
+        optimizer and training settings when that step is on."""
+        if not self.cfg.tune.trials:
+            return self.cfg
+        from ctrctl.config import load_config
+
+        best = load_config(self.tune / "best.yaml")
+        return self.cfg.model_copy(update={
+            "model": best.model, "embedding_optimizer": best.embedding_optimizer,
+            "dense_optimizer": best.dense_optimizer, "training": best.training})
 
     @property
     def eval(self) -> Path:
@@ -167,9 +184,36 @@ def _plan(ctx: Context, resume: bool) -> dict[str, Any]:
             **{k: v for k, v in summary.items() if isinstance(v, (int, float, str))}}
 
 
+# ---- tune ------------------------------------------------------------------------------
+def _tune_settings(ctx: Context) -> dict[str, Any]:
+    return {"tune": ctx.cfg.tune.model_dump(mode="json"), **_train_settings(ctx, ctx.cfg)}
+
+
+def _tune(ctx: Context, resume: bool) -> dict[str, Any]:
+    from ctrctl.tuning import TuneRequest, tune
+
+    t = ctx.cfg.tune
+    assert ctx.config_file is not None
+    result = tune(TuneRequest(dataset=ctx.dataset, out=ctx.tune, config=ctx.config_file,
+                              trials=t.trials, timeout_s=t.timeout_s, metric=t.metric,
+                              space=dict(t.space) or None, seed=t.seed, pruner=t.pruner,
+                              nproc_per_node=ctx.cfg.runner.nproc_per_node),
+                  tracker=ctx.tracker)
+    if result.best_value is None:
+        raise CtrctlError("no tune trial completed", where=str(ctx.tune),
+                          hint="raise tune.trials or tune.timeout_s")
+    return {"best": result.best_value, "metric": t.metric, "trial": result.best_number,
+            **{f"trials.{k.lower()}": v for k, v in result.counts.items()},
+            **{f"best.{k}": v for k, v in result.best_params.items()}}
+
+
+def _no_tune(ctx: Context) -> str | None:
+    return None if ctx.cfg.tune.trials else "tune.trials is 0"
+
+
 # ---- train -----------------------------------------------------------------------------
-def _train_settings(ctx: Context) -> dict[str, Any]:
-    c = ctx.cfg
+def _train_settings(ctx: Context, cfg: PipelineConfig | None = None) -> dict[str, Any]:
+    c = cfg or ctx.train_config()
     return {"model": c.model.model_dump(mode="json"),
             "embedding_optimizer": c.embedding_optimizer.model_dump(mode="json"),
             "dense_optimizer": c.dense_optimizer.model_dump(mode="json"),
@@ -193,10 +237,11 @@ def _train(ctx: Context, resume: bool) -> dict[str, Any]:
     nproc = ctx.cfg.runner.nproc_per_node
     if resume:
         logger.info("train: resuming from the last checkpoint in %s", ctx.train)
+    cfg = ctx.train_config()
     if nproc == 1:
         from ctrctl.training.loop import train
 
-        result = train(ctx.dataset, ctx.train, ctx.cfg, resume=resume, overwrite=not resume,
+        result = train(ctx.dataset, ctx.train, cfg, resume=resume, overwrite=not resume,
                        tracker=ctx.tracker, progress=ctx.progress)
         metrics = dict(result.metrics)
         step = result.step
@@ -204,9 +249,17 @@ def _train(ctx: Context, resume: bool) -> dict[str, Any]:
         from ctrctl.tracking import PARENT_RUN_ENV
         from ctrctl.training.launch import TrainSpec, launch_training
 
+        config = ctx.workdir / ".ctrctl" / "config.yaml"
+        plan: str | None = str(ctx.plan)
+        if cfg is not ctx.cfg:  # tuned: the plan was made for the pipeline's own shapes
+            from ctrctl.config import dump_config
+            from ctrctl.io import write_text_atomic
+
+            config, plan = ctx.workdir / ".ctrctl" / "train-config.yaml", None
+            write_text_atomic(config, dump_config(cfg))
         spec = TrainSpec(dataset=str(ctx.dataset), out=str(ctx.train),
-                         config=str(ctx.workdir / ".ctrctl" / "config.yaml"), resume=resume,
-                         overwrite=not resume, plan=str(ctx.plan),
+                         config=str(config), resume=resume,
+                         overwrite=not resume, plan=plan,
                          track=ctx.tracker.enabled, tracking_uri=ctx.tracking_uri,
                          experiment=getattr(ctx.tracker, "experiment", "ctrctl"),
                          env={PARENT_RUN_ENV: ctx.parent_run_id} if ctx.parent_run_id else {})
@@ -294,6 +347,13 @@ def _paths(**paths: Callable[[Context], Path]) -> Callable[[Context], dict[str, 
     return lambda ctx: {label: fn(ctx) for label, fn in paths.items()}
 
 
+def _train_inputs(ctx: Context) -> dict[str, Path]:
+    paths = {"dataset": ctx.dataset, "plan": ctx.plan}
+    if ctx.cfg.tune.trials:
+        paths["tuned"] = ctx.tune / "best.yaml"
+    return paths
+
+
 def _none(ctx: Context) -> dict[str, Path]:
     return {}
 
@@ -308,7 +368,10 @@ def steps() -> list[Step]:
              _paths(dataset=lambda c: c.dataset), _preprocess),
         Step("plan", _paths(manifest=lambda c: c.dataset / "manifest.json"), _plan_settings,
              _paths(plan=lambda c: c.plan), _plan),
-        Step("train", _train_inputs, _train_settings, _paths(checkpoint=Context.checkpoint), _train),
+        Step("tune", _paths(dataset=lambda c: c.dataset), _tune_settings,
+             _paths(best=lambda c: c.tune / "best.yaml"), _tune, _no_tune),
+        Step("train", _train_inputs, _train_settings, _paths(checkpoint=Context.checkpoint),
+             _train),
         Step("eval", _paths(dataset=lambda c: c.dataset, checkpoint=Context.checkpoint),
              lambda c: {"eval": c.cfg.eval.model_dump(mode="json"),
                         "split": c.cfg.runner.eval_split},

@@ -24,6 +24,7 @@ import itertools
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,8 @@ from ctrctl.training.warm_start import resolve_parent, warm_start
 __all__ = ["TrainResult", "evaluate_model", "resolve_device", "train"]
 
 logger = logging.getLogger(__name__)
+#: Told each validation's (step, metrics); returns True to stop the run (a search's pruner).
+OnValidation = Callable[[int, dict[str, float]], bool]
 
 #: The folder under OUT holding the best validation's checkpoint.
 BEST = "best"
@@ -95,7 +98,7 @@ class _Trainer:
 
     def __init__(self, dataset: Path, out: Path, config: PipelineConfig,
                  plan: ShardingPlan | None, tracker_run: Run, progress: Progress,
-                 stop_after: int | None) -> None:
+                 stop_after: int | None, on_validation: OnValidation | None = None) -> None:
         self.dataset, self.out, self.config = dataset, out, config
         self.t = config.training
         self.run, self.progress = tracker_run, progress
@@ -103,7 +106,7 @@ class _Trainer:
         self.device = resolve_device(self.t.device)
         self.manifest = DatasetManifest.load(dataset)
         self.plan = plan
-        self.stop_after = stop_after
+        self.stop_after, self.on_validation = stop_after, on_validation
 
         torch.manual_seed(self.t.seed)
         self.model = model_io.build_model(config, self.manifest, self.device)
@@ -408,8 +411,11 @@ class _Trainer:
                 last = self.step >= self.total_steps
                 if (self.val_every and self.step % self.val_every == 0) or \
                         (last and self.val_loader is not None):
-                    if self._check_early_stopping(self._validate()):
+                    values = self._validate()
+                    if self._check_early_stopping(values):
                         self.stop_reason = "early_stopping"
+                    elif values and self.on_validation and self.on_validation(self.step, values):
+                        self.stop_reason = "pruned"  # a search gave up on this run
                 if last and self.stop_reason is None:
                     self.stop_reason = "max_steps" if t.max_steps else "epochs"
                 if (t.checkpoint_every and self.step % t.checkpoint_every == 0
@@ -494,6 +500,7 @@ def train(
     tracker: Tracker | None = None,
     progress: Progress | None = None,
     stop_after: int | None = None,
+    on_validation: OnValidation | None = None,
 ) -> TrainResult:
     """Train a DLRM on a dataset's train split, validating and checkpointing along the way.
 
@@ -508,6 +515,8 @@ def train(
         progress: a progress reporter (samples).
         stop_after: stop after this many steps of this call, checkpointing there (to test
             resume; the run then continues with ``resume=True``).
+        on_validation: called with (step, val metrics) after each validation, on every
+            rank; True stops the run there (``stop_reason`` ``pruned``), as a search's pruner.
 
     Returns:
         A :class:`TrainResult`.
@@ -539,7 +548,7 @@ def train(
         dist.barrier()
     kept = "checkpoints written before are kept"
     with writing(out, kept), tracker.run("train") as run:
-        trainer = _Trainer(dataset, out, config, plan, run, progress, stop_after)
+        trainer = _Trainer(dataset, out, config, plan, run, progress, stop_after, on_validation)
         if resume and existing is not None:
             trainer.restore(existing)
             if trainer.stop_reason is not None:  # every rank restored the same state

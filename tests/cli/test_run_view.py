@@ -128,8 +128,9 @@ def test_a_real_run_reports_each_step_then_skips_them(tmp_path: Path) -> None:
     run_pipeline(DEMO, TINY, workdir=tmp_path / "w", until_step="plan", observer=first)
     assert first.events == [
         ("synth", "running"), ("synth", "ran"), ("preprocess", "running"),
-        ("preprocess", "ran"), ("plan", "running"), ("plan", "ran"), ("train", "outside"),
-        ("eval", "outside"), ("quantize", "outside"), ("register", "outside")]
+        ("preprocess", "ran"), ("plan", "running"), ("plan", "ran"), ("tune", "outside"),
+        ("train", "outside"), ("eval", "outside"), ("quantize", "outside"),
+        ("register", "outside")]
     rows = _rows(Console(file=io.StringIO(), width=160, record=True), first)
     assert rows["preprocess"][:2] == ["preprocess", "done"]
     assert rows["preprocess"][3] == "rows 4000" and float(rows["preprocess"][2]) >= 0
