@@ -59,6 +59,7 @@ from ctrctl.training.early_stopping import EarlyStopping
 from ctrctl.training.objectives import objective_for
 from ctrctl.training.optimizers import dense_optimizer
 from ctrctl.training.result import TrainResult
+from ctrctl.training.runtime import global_sum, resolve_device, world
 from ctrctl.training.sizes import FEW_STEPS, resolve_sizes
 from ctrctl.training.validation import evaluate_model
 from ctrctl.training.warm_start import resolve_parent, warm_start
@@ -73,26 +74,6 @@ OnValidation = Callable[[int, dict[str, float]], bool]
 BEST = "best"
 
 
-def resolve_device(kind: str) -> torch.device:
-    """``auto`` -> cuda when present (this rank's local device), else cpu."""
-    if kind == "auto":
-        kind = "cuda" if torch.cuda.is_available() else "cpu"
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("training.device is cuda but no CUDA device is present",
-                              where="training.device", hint="use auto or cpu")
-        import os
-
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
-
-
-def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 class _Trainer:
     """The loop's state and steps; :func:`train` is its public face."""
 
@@ -102,7 +83,7 @@ class _Trainer:
         self.dataset, self.out, self.config = dataset, out, config
         self.t = config.training
         self.run, self.progress = tracker_run, progress
-        self.rank, self.world_size = _world()
+        self.rank, self.world_size = world()
         self.device = resolve_device(self.t.device)
         self.manifest = DatasetManifest.load(dataset)
         self.plan = plan
@@ -433,7 +414,7 @@ class _Trainer:
             if path is not None:
                 logger.info("wrote the pipeline's trace to %s", path)
         elapsed = max(time.perf_counter() - started, 1e-9)
-        return _global_sum(rows_this_run, self.world_size) / elapsed
+        return global_sum(rows_this_run, self.world_size) / elapsed
 
     def finish(self) -> Path:
         """End a finished run: the best weights back in place, then the final checkpoint."""
@@ -465,14 +446,6 @@ class _Trainer:
                       "total_steps": self.total_steps, "chosen": list(self.sizes.chosen),
                       "train_rows": self.loader.rows * self.world_size},
         }
-
-
-def _global_sum(value: int, world_size: int) -> int:
-    if world_size == 1:
-        return value
-    box = torch.tensor([value], dtype=torch.int64)
-    dist.all_reduce(box)
-    return int(box.item())
 
 
 def _already_finished(trainer: _Trainer, checkpoint: Path, run: Run) -> TrainResult:
@@ -529,7 +502,7 @@ def train(
         >>> train("data/criteo", "runs/a", load_config("pipelines/small.yaml"))
     """
     dataset, out = Path(dataset), Path(out)
-    rank, world_size = _world()
+    rank, world_size = world()
     if config.training.trace is not None:  # written at the end: checked before training
         check_output_location(config.training.trace, folder=False, option="--trace (training.trace)")
     # Only rank 0 tracks and reports progress, whatever the caller passed to the others.
