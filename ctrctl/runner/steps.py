@@ -222,9 +222,12 @@ def _train_settings(ctx: Context, cfg: PipelineConfig | None = None) -> dict[str
 
 
 def _train_inputs(ctx: Context) -> dict[str, Path]:
-    """The dataset, the plan and a warm start's parent checkpoint (by content: a parent
-    trained again reruns the step; a ``models:/`` parent is known by its URI only)."""
+    """The dataset, the plan, a tune step's best settings, and a warm start's parent
+    checkpoint (by content: a parent trained again reruns the step; a ``models:/`` parent
+    is known by its URI only)."""
     paths = {"dataset": ctx.dataset, "plan": ctx.plan}
+    if ctx.cfg.tune.trials:
+        paths["tuned"] = ctx.tune / "best.yaml"
     parent = ctx.cfg.training.init_from
     if parent and not parent.startswith("models:/"):
         from ctrctl.checkpoint import resolve_checkpoint
@@ -345,13 +348,6 @@ def _register(ctx: Context, resume: bool) -> dict[str, Any]:
 
 def _paths(**paths: Callable[[Context], Path]) -> Callable[[Context], dict[str, Path]]:
     return lambda ctx: {label: fn(ctx) for label, fn in paths.items()}
-
-
-def _train_inputs(ctx: Context) -> dict[str, Path]:
-    paths = {"dataset": ctx.dataset, "plan": ctx.plan}
-    if ctx.cfg.tune.trials:
-        paths["tuned"] = ctx.tune / "best.yaml"
-    return paths
 
 
 def _none(ctx: Context) -> dict[str, Path]:
