@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ctrctl.modules.native import cpu_model
+
 REPO = Path(__file__).resolve().parent.parent
 
 #: name -> (schema, inputs relative to the data folder, split args)
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.bench_json:
         write_bench(args.bench_json, rows, load_before)
     if args.json:
-        args.json.write_text(json.dumps({"cpu": os.uname().machine, "load": os.getloadavg(),
+        args.json.write_text(json.dumps({"cpu": cpu_model(), "load": os.getloadavg(),
                                          "args": sys.argv[1:], "rows": rows,
                                          "summary": summary}, indent=1))
     return 0
