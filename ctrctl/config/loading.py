@@ -23,6 +23,7 @@ __all__ = [
     "as_saved_before",
     "defaults_path",
     "dump_config",
+    "flat_keys",
     "key_location",
     "load_config",
     "parse_config",
@@ -90,6 +91,17 @@ REMOVED_KEYS: tuple[tuple[str, str], ...] = (
 #: Model settings added after ctrctl began saving configs (a run's ``config.json``, a
 #: checkpoint's metadata), with the value that builds the model such a config saved.
 ADDED_SINCE: tuple[tuple[str, str, Any], ...] = (("model", "first_order", False),)
+
+
+def flat_keys(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as ``{"section.key": value}``: the dotted keys overrides use."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            flat.update(flat_keys(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def as_saved_before(data: Mapping[str, Any]) -> dict[str, Any]:

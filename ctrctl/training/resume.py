@@ -13,27 +13,16 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from ctrctl.config import ADDED_SINCE, PipelineConfig, load_config
+from ctrctl.config import ADDED_SINCE, PipelineConfig, flat_keys, load_config
 from ctrctl.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 #: Settings fixed by what a checkpoint holds; any other may change across a resume.
 FIXED = ("model", "embedding_optimizer.kind", "dense_optimizer.kind")
-
-
-def _flat(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, Mapping):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def saved_config(out: str | Path) -> Path | None:
@@ -44,7 +33,7 @@ def saved_config(out: str | Path) -> Path | None:
 
 def check_resumable(saved: PipelineConfig, new: PipelineConfig, where: str) -> None:
     """Refuse settings that cannot continue the saved run, naming each."""
-    before, after = _flat(saved.to_dict()), _flat(new.to_dict())
+    before, after = flat_keys(saved.to_dict()), flat_keys(new.to_dict())
     changed = [k for k in sorted(set(before) | set(after))
                if k.startswith(FIXED) and before.get(k) != after.get(k)]
     if changed:
@@ -83,7 +72,7 @@ def _settings_added_since(saved: Path) -> list[str]:
     """Overrides giving a ``config.json`` written before a model setting existed the value
     its run trained with (:data:`ctrctl.config.ADDED_SINCE`)."""
     try:
-        written = _flat(json.loads(saved.read_text()))
+        written = flat_keys(json.loads(saved.read_text()))
     except (OSError, ValueError):
         return []  # load_config reports an unreadable file itself
     return [f"{section}.{key}={json.dumps(value)}" for section, key, value in ADDED_SINCE

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ctrctl import checkpoint as ckpt
-from ctrctl.config import PipelineConfig
+from ctrctl.config import PipelineConfig, flat_keys
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.distributed import checkpoint as dist_ckpt
 from ctrctl.errors import CheckpointError, ConfigError, TrackingError
@@ -137,16 +137,6 @@ def resolve_parent(source: str, tracking_uri: str | None = None) -> Parent:
                   run_id=str(meta.extra.get("mlflow_run_id") or ""), model_version=version)
 
 
-def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def check_compatible(meta: ckpt.CheckpointMetadata, manifest: DatasetManifest,
                      config: PipelineConfig) -> dict[str, list[int]]:
     """Refuse a parent that describes another model than ``config`` on ``manifest``.
@@ -159,7 +149,7 @@ def check_compatible(meta: ckpt.CheckpointMetadata, manifest: DatasetManifest,
             table sizes) in one message.
     """
     problems: list[str] = []
-    saved_cfg, new_cfg = _flat(meta.config), _flat(config.to_dict())
+    saved_cfg, new_cfg = flat_keys(meta.config), flat_keys(config.to_dict())
     for key in sorted(set(saved_cfg) | set(new_cfg)):
         if key.startswith(_FIXED) and not key.startswith(_FREE) and \
                 saved_cfg.get(key) != new_cfg.get(key):
