@@ -62,6 +62,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("bench-out/dedup.json"))
     add_json_argument(parser)
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.layouts.split(",")) - set(LAYOUTS) - set(SWEEP))
+    if unknown:
+        parser.error(f"--layouts: unknown {', '.join(unknown)}; "
+                     f"choose from {', '.join(LAYOUTS + SWEEP)}")
     if args.quick:
         args.tables, args.rows, args.dim, args.batch_size = 4, 2_000, 16, 200
         args.steps, args.warmup, args.repeats = 3, 1, 1
