@@ -47,7 +47,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +58,8 @@ import pyarrow.parquet as pq
 import torch
 
 from ctrctl.data.batch import Batch
-from ctrctl.data.manifest import DatasetManifest
+from ctrctl.data.blocks import Block, take_multihot
+from ctrctl.data.manifest import TIME_COLUMN, DatasetManifest
 from ctrctl.errors import ConfigError, DatasetError
 from ctrctl.sparse import KeyedJaggedTensor
 
@@ -87,67 +88,6 @@ class _Chunk:
     @property
     def rows(self) -> int:
         return self.stop - self.start
-
-
-@dataclass
-class _Block:
-    """Decoded rows held in numpy: what a window becomes and what batches are cut from.
-
-    ``onehot`` is feature-major (F1, rows); ``multihot`` holds per feature (lengths, offsets,
-    values) with offsets of length rows + 1.
-    """
-
-    labels: np.ndarray  # (rows,) float32
-    dense: np.ndarray  # (rows, D) float32
-    onehot: np.ndarray  # (F1, rows) int64
-    multihot: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
-
-    @property
-    def rows(self) -> int:
-        return int(self.labels.shape[0])
-
-    def slice(self, start: int, stop: int) -> _Block:
-        multihot = []
-        for lengths, offsets, values in self.multihot:
-            lo, hi = int(offsets[start]), int(offsets[stop])
-            multihot.append((lengths[start:stop], offsets[start:stop + 1] - lo, values[lo:hi]))
-        return _Block(self.labels[start:stop], self.dense[start:stop],
-                      self.onehot[:, start:stop], multihot)
-
-    @staticmethod
-    def concat(blocks: Sequence[_Block]) -> _Block:
-        if len(blocks) == 1:
-            return blocks[0]
-        multihot = []
-        for f in range(len(blocks[0].multihot)):
-            lengths = np.concatenate([b.multihot[f][0] for b in blocks])
-            offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-            np.cumsum(lengths, out=offsets[1:])
-            multihot.append((lengths, offsets, np.concatenate([b.multihot[f][2] for b in blocks])))
-        return _Block(
-            np.concatenate([b.labels for b in blocks]),
-            np.concatenate([b.dense for b in blocks]),
-            np.concatenate([b.onehot for b in blocks], axis=1),
-            multihot,
-        )
-
-
-def _take_multihot(
-    multihot: list[tuple[np.ndarray, np.ndarray, np.ndarray]], index: np.ndarray
-) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Rows ``index`` of jagged (lengths, offsets, values) features."""
-    out = []
-    for lengths, offsets, values in multihot:
-        new_lengths = lengths[index]
-        starts = offsets[:-1][index]
-        new_offsets = np.zeros(len(index) + 1, dtype=np.int64)
-        np.cumsum(new_lengths, out=new_offsets[1:])
-        # Position of every new value in the old values: its row's old start plus its place
-        # within the row.
-        row_of_value = np.repeat(np.arange(len(index)), new_lengths)
-        within = np.arange(int(new_offsets[-1])) - new_offsets[:-1][row_of_value]
-        out.append((new_lengths, new_offsets, values[starts[row_of_value] + within]))
-    return out
 
 
 def _id_error(feature: str, value: int, size: int, where: str) -> DatasetError:
@@ -231,6 +171,9 @@ class BatchLoader:
         self._onehot_keys = [k for k in self.keys if k not in self._multi_hot]
         self._multihot_keys = [k for k in self.keys if k in self._multi_hot]
         self._columns = [self.manifest.label, *self.manifest.dense_names, *self.keys]
+        self._time = self.manifest.needs_time  # ttl tables evict by each row's time
+        if self._time:
+            self._columns.append(TIME_COLUMN)
         self.files = self._split_files()
         self._unchecked: set[str] = set()
         self._sizes = self.manifest.table_sizes()
@@ -297,8 +240,10 @@ class BatchLoader:
             schema = meta.schema_arrow
             for name in self._columns:
                 if name not in schema.names:
-                    raise DatasetError(f"column {name!r} is missing", where=str(path),
-                                       hint="the manifest and the Parquet files disagree")
+                    raise DatasetError(
+                        f"column {name!r} is missing", where=str(path),
+                        hint="preprocess again: ttl tables need each row's data time"
+                        if name == TIME_COLUMN else "the manifest and the Parquet files disagree")
                 kind = schema.field(name).type
                 want_list = name in self._multi_hot
                 ok = (
@@ -383,7 +328,7 @@ class BatchLoader:
             windows.append(current)
         return windows
 
-    def _read_window(self, epoch: int, index: int, chunks: list[_Chunk]) -> _Block:
+    def _read_window(self, epoch: int, index: int, chunks: list[_Chunk]) -> Block:
         tables = []
         handles: dict[int, pq.ParquetFile] = {}
         for c in chunks:
@@ -399,7 +344,7 @@ class BatchLoader:
                 table.num_rows)
         return self._decode(table, perm)
 
-    def _decode(self, table: pa.Table, perm: np.ndarray | None) -> _Block:
+    def _decode(self, table: pa.Table, perm: np.ndarray | None) -> Block:
         """Columns to numpy, rows in ``perm`` order (gathered while converting: one pass)."""
         n = table.num_rows
 
@@ -433,8 +378,9 @@ class BatchLoader:
             offsets = offsets - offsets[0]
             multihot.append((np.diff(offsets), offsets, values))
         if multihot and perm is not None:
-            multihot = _take_multihot(multihot, perm)
-        return _Block(labels, dense, onehot, multihot)
+            multihot = take_multihot(multihot, perm)
+        time = gathered(TIME_COLUMN).astype(np.float64) if self._time else None
+        return Block(labels, dense, onehot, multihot, time)
 
     def _check_values(self, name: str, values: np.ndarray) -> None:
         if values.size == 0 or name in self._raw_keys:
@@ -452,7 +398,7 @@ class BatchLoader:
             cached = self._ones_cache[n] = torch.from_numpy(np.ones(n, dtype=np.int32))
         return cached
 
-    def _to_batch(self, block: _Block) -> Batch:
+    def _to_batch(self, block: Block) -> Batch:
         if self.global_order:
             n, r, w = block.rows, self.rank, self.world_size
             block = block.slice(r * n // w, (r + 1) * n // w)
@@ -477,10 +423,11 @@ class BatchLoader:
                                        else np.empty(0, np.int32))
         sparse = KeyedJaggedTensor(self.keys, values, lengths=lengths, stride=b)
         batch = Batch(dense=torch.from_numpy(block.dense), sparse=sparse,
-                      labels=torch.from_numpy(block.labels))
+                      labels=torch.from_numpy(block.labels),
+                      time=None if block.time is None else torch.from_numpy(block.time))
         return batch.pin_memory() if self.pin_memory else batch
 
-    def _blocks(self, epoch: int, start_row: int) -> Iterator[_Block]:
+    def _blocks(self, epoch: int, start_row: int) -> Iterator[Block]:
         """The epoch's rows from ``start_row`` on, as window blocks, read ahead in threads."""
         windows = self._windows(epoch)
         first, skip = 0, start_row
@@ -495,7 +442,7 @@ class BatchLoader:
                 skip = 0
             return
         with ThreadPoolExecutor(self.num_workers, thread_name_prefix="ctrctl-read") as pool:
-            pending: list[Future[_Block]] = []
+            pending: list[Future[Block]] = []
             ahead = self.num_workers + 1
             try:
                 for i in todo:
@@ -515,7 +462,7 @@ class BatchLoader:
     def _batches(self, epoch: int, start_batch: int) -> Iterator[Batch]:
         b = self._stream_batch
         remaining = self.num_batches - start_batch
-        carry: list[_Block] = []
+        carry: list[Block] = []
         carried = 0
         if remaining <= 0:
             return
@@ -528,7 +475,7 @@ class BatchLoader:
                     carried += block.rows
                     continue
                 carry.append(block.slice(0, need))
-                yield self._to_batch(_Block.concat(carry))
+                yield self._to_batch(Block.concat(carry))
                 carry, carried, pos = [], 0, need
                 remaining -= 1
                 if remaining == 0:
@@ -543,7 +490,7 @@ class BatchLoader:
                 carry.append(block.slice(pos, block.rows))
                 carried += block.rows - pos
         if carried and remaining > 0 and not self.drop_last:
-            yield self._to_batch(_Block.concat(carry))
+            yield self._to_batch(Block.concat(carry))
 
     def epoch(self, epoch: int = 0, start_batch: int = 0) -> Generator[Batch, None, None]:
         """The batches of ``epoch`` from batch ``start_batch`` on.

@@ -92,10 +92,12 @@ def fast_layout(schema: Schema, kinds: Mapping[str, tuple[str, int | None, bool]
     """The parser's layout for ``schema``, or None when the schema needs the polars path.
 
     Eligible: TSV; integer dense columns (log1p, none or clip); hex or int sparse keys in hash
-    mode, one per field; 0/1 labels (no label mapping); no derived features; at most 64
-    dense columns.
+    mode, one per field; 0/1 labels (no label mapping); no derived features and no
+    ``time_column``; at most 64 dense columns.
     """
     if not available() or schema.format != "tsv" or schema.derived_features():
+        return None
+    if schema.time_column is not None:  # the parser writes no data-time column
         return None
     if schema.label_rule is not None:  # the parser takes 0/1 labels only
         return None

@@ -8,6 +8,9 @@ A dataset folder looks like::
       val/...  test/...              (list<int64> for multi-hot features)
       vocab/C1.parquet ...   vocabularies of features in vocabulary mode
 
+A schema with a ``time_column`` adds the column ``__time`` (:data:`TIME_COLUMN`) to every
+split: each row's data time in days (float64), which ``ttl`` managed-collision tables evict by.
+
 Every later step reads table sizes from here (``SparseFeature.num_embeddings``), so the
 manifest is validated on load and a wrong or newer format is a clear error.
 
@@ -30,6 +33,8 @@ FORMAT = "ctrctl.dataset"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 SPLITS = ("train", "val", "test")
+#: The Parquet column holding each row's data time in days (schemas with a ``time_column``).
+TIME_COLUMN = "__time"
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,13 @@ class DatasetManifest:
     @property
     def sparse_names(self) -> list[str]:
         return [f.name for f in self.sparse]
+
+    @property
+    def needs_time(self) -> bool:
+        """Whether a feature's table evicts by data time (``zch`` with ``eviction: ttl``):
+        its batches then carry each row's time (:data:`TIME_COLUMN`)."""
+        return any(f.mode == "zch" and (f.collision or {}).get("eviction") == "ttl"
+                   for f in self.sparse)
 
     def table_sizes(self) -> dict[str, int]:
         """Feature name -> embedding rows."""

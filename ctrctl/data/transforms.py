@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from ctrctl.data.manifest import TIME_COLUMN
 from ctrctl.data.schema import DERIVED_SIZES, Column, LabelRule, Schema
 
 #: Bad-row reasons in priority order; a row's code is 1 + the index of its first reason.
@@ -150,6 +151,25 @@ def derived_key(column: Column, kind: str) -> tuple[pl.Expr, pl.Expr]:
     return value.cast(pl.Int64), stamp.is_null() & raw.is_not_null()
 
 
+def time_value(column: Column) -> tuple[pl.Expr, pl.Expr]:
+    """(value, malformed) of the schema's ``time_column``: the data time in days (float64).
+
+    A number is taken as days; a column with ``derive.format`` is a timestamp, read as days
+    since 1970-01-01 (UTC). A missing or unreadable time is malformed: a ``ttl`` table could
+    not place the row in time.
+    """
+    raw = pl.col(column.name)
+    if column.derive is not None:
+        text, fmt = raw, column.derive.format
+        if "%H" in fmt and "%M" not in fmt:  # as derived_key: polars wants minutes
+            text, fmt = raw + "00", fmt + "%M"
+        stamp = text.str.strptime(pl.Datetime("us"), fmt, strict=False)
+        value = stamp.dt.epoch("us").cast(pl.Float64) / (86_400 * 1e6)
+    else:
+        value = raw.str.strip_chars().cast(pl.Float64, strict=False)
+    return value, value.is_null() | value.is_nan()
+
+
 def _raw_one(key: pl.Expr, kind: str) -> pl.Expr:
     """A managed-collision key as int64: ints as they are, hex bits reinterpreted as signed,
     strings through :func:`stable_key`."""
@@ -200,7 +220,8 @@ def parsed_columns(schema: Schema) -> tuple[list[pl.Expr], pl.Expr]:
     """The expressions from raw string columns to parsed ones, and the row's bad code.
 
     Output columns: label (int8), dense (float32, transformed), sparse keys (see
-    :func:`sparse_key`), derived keys; in the dataset's column order.
+    :func:`sparse_key`), derived keys, and the data time (:data:`TIME_COLUMN`, see
+    :func:`time_value`) when the schema names a ``time_column``; in the dataset's order.
     """
     label = next(c for c in schema.columns if c.role == "label")
     value, bad = label_value(label, schema.label_rule)
@@ -223,6 +244,11 @@ def parsed_columns(schema: Schema) -> tuple[list[pl.Expr], pl.Expr]:
     for column, name, kind in schema.derived_features():
         value, bad = derived_key(column, kind)
         out.append(value.alias(name))
+        reasons["bad_sparse"].append(bad)
+    if schema.time_column is not None:
+        # Counted as a bad sparse value: the time serves the ttl tables' remapping.
+        value, bad = time_value(next(c for c in schema.columns if c.name == schema.time_column))
+        out.append(value.alias(TIME_COLUMN))
         reasons["bad_sparse"].append(bad)
     return out, bad_code(reasons)
 

@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -101,7 +102,9 @@ class ManagedCollisionCollection(nn.Module):
         now = self.now if now is None else now
         values = features.values()
         bounds = features.offset_per_key()
-        gathered = self._gather(values, features.length_per_key()) if update else None
+        gathered = None
+        if update:
+            gathered, now = self._gather(values, features.length_per_key(), now)
         new_values = values.clone()
         for i in managed:
             remapper = self._remapper(keys[i])
@@ -125,20 +128,27 @@ class ManagedCollisionCollection(nn.Module):
         assert isinstance(remapper, CollisionRemapper)
         return remapper
 
-    def _gather(self, values: torch.Tensor,
-                length_per_key: list[int]) -> list[list[torch.Tensor]] | None:
-        """Per feature, every rank's keys in rank order (None on one process)."""
+    def _gather(self, values: torch.Tensor, length_per_key: list[int], now: float | None
+                ) -> tuple[list[list[torch.Tensor]] | None, float | None]:
+        """Per feature, every rank's keys in rank order (None on one process), and the
+        step's data time: the latest of the ranks' ``now`` (None where no rank has one)."""
         group = self.process_group
         if group is None:
-            return None
+            return None, now
         import torch.distributed as dist
 
         world = dist.get_world_size(group)
         if world == 1:
-            return None
-        lengths = torch.tensor(length_per_key, dtype=torch.int64, device=values.device)
+            return None, now
+        # The rank's data time rides with its lengths as the bits of a float64 (one gather).
+        stamp = torch.tensor([-math.inf if now is None else now], dtype=torch.float64)
+        lengths = torch.cat([torch.tensor(length_per_key, dtype=torch.int64),
+                             stamp.view(torch.int64)]).to(values.device)
         all_lengths = [torch.empty_like(lengths) for _ in range(world)]
         dist.all_gather(all_lengths, lengths, group=group)
+        latest = max(float(t[-1:].cpu().view(torch.float64)) for t in all_lengths)
+        now = None if latest == -math.inf else latest
+        all_lengths = [t[:-1] for t in all_lengths]
         longest = max(int(t.sum()) for t in all_lengths)
         padded = torch.zeros(longest, dtype=torch.int64, device=values.device)
         padded[: values.numel()] = values
@@ -150,7 +160,7 @@ class ManagedCollisionCollection(nn.Module):
             for f, n in enumerate(rank_lengths.tolist()):
                 out[f].append(rank_values[start:start + n])
                 start += n
-        return out
+        return out, now
 
     # ---- resetting reassigned rows ------------------------------------------------------
 

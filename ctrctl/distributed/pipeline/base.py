@@ -54,6 +54,7 @@ from ctrctl.distributed.comm.groups import ProcessGroup
 from ctrctl.distributed.pipeline.stages import LoadAhead, PrimedForward, all_have_batch
 from ctrctl.distributed.pipeline.trace import Tracer
 from ctrctl.distributed.pipeline.types import Batch, Item, Tag
+from ctrctl.modules.collision_collection import ManagedCollisionCollection
 
 __all__ = ["BasePipeline", "StepOutput", "TrainPipeline"]
 
@@ -113,6 +114,9 @@ class TrainPipeline(abc.ABC):
         self._ahead: LoadAhead | None = None
         #: True once the items ran out on some rank (every rank then stops).
         self.exhausted = False
+        #: Managed-collision remappers: each step tells them the batch's data time (ttl).
+        self._collisions = [m for m in model.modules()
+                            if isinstance(m, ManagedCollisionCollection)]
 
     # ---- the interface ------------------------------------------------------------------
     @abc.abstractmethod
@@ -166,6 +170,11 @@ class TrainPipeline(abc.ABC):
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """The model's logits for a batch already on the device."""
+        if batch.time is not None:
+            # The step's data time: its newest row (ranks agree on the max in the remap).
+            now = float(batch.time.max()) if batch.time.numel() else None
+            for collisions in self._collisions:
+                collisions.now = now
         with self._autocast():
             return self.model(batch.dense, batch.sparse)
 
