@@ -9,7 +9,9 @@
 The collection runs before the embedding collection and before any input distribution, so
 it works the same for every sharding type: the rows it resets are written wherever they
 live (an unsharded collection's tables, or each shard a rank holds: table-wise, row-wise,
-column-wise, data-parallel, cached). Training with several ranks, each rank gathers every
+column-wise, data-parallel, cached), their fused optimizer state zeroed, and the state
+that an attached dense optimizer keeps for a data-parallel replica's rows reset
+(:meth:`ManagedCollisionCollection.attach_optimizer`). Training with several ranks, each rank gathers every
 rank's keys (``process_group``), updates its remappers with the whole step, and keeps its
 own share: all ranks hold the same state, and it depends only on the multiset of keys of a
 step (not their order), so a world-2 run and a world-1 run over the same global batches
@@ -75,6 +77,15 @@ class ManagedCollisionCollection(nn.Module):
         self.process_group = process_group
         #: The data time (days) of the coming training step; ttl tables need it.
         self.now: float | None = None
+        #: Optimizers that step tables outside the fused kernels (a data-parallel table's
+        #: replica is a dense parameter): their state of reassigned rows is reset too.
+        self.dense_optimizers: list[torch.optim.Optimizer] = []
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Reset ``optimizer``'s state of reassigned rows as well (a train pipeline attaches
+        its dense optimizer, which steps data-parallel tables)."""
+        if all(o is not optimizer for o in self.dense_optimizers):
+            self.dense_optimizers.append(optimizer)
 
     def table_features(self) -> dict[str, str]:
         """Feature -> its managed-collision table."""
@@ -191,6 +202,8 @@ class ManagedCollisionCollection(nn.Module):
                     weight.device, weight.dtype)
                 for tensor in state.values():
                     tensor[rows.to(tensor.device)] = 0
+                for tensor, value in _dense_optimizer_state(self.dense_optimizers, weight):
+                    tensor[rows.to(tensor.device)] = value
             done[name] = slots.numel()
         return done
 
@@ -204,6 +217,26 @@ def _rank(group: Any) -> int:
     import torch.distributed as dist
 
     return dist.get_rank(group)
+
+
+def _dense_optimizer_state(optimizers: Sequence[torch.optim.Optimizer], weight: torch.Tensor
+                           ) -> list[tuple[torch.Tensor, float]]:
+    """(state tensor, its fresh value) of every per-element state the ``optimizers`` keep for
+    the parameter whose storage ``weight`` is (Adam's moments, Adagrad's sums, momentum
+    buffers); scalars such as Adam's step count are shared by all rows and kept."""
+    out: list[tuple[torch.Tensor, float]] = []
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if (param.shape != weight.shape
+                        or param.data_ptr() != weight.data_ptr()):
+                    continue
+                # Adagrad starts its sums at initial_accumulator_value, the rest at zero.
+                start = float(group.get("initial_accumulator_value", 0.0))
+                for key, tensor in optimizer.state.get(param, {}).items():
+                    if isinstance(tensor, torch.Tensor) and tensor.shape == weight.shape:
+                        out.append((tensor, start if key == "sum" else 0.0))
+    return out
 
 
 def _blocks(tables: nn.Module, name: str

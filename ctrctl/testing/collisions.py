@@ -72,10 +72,11 @@ def _rank_rows(step: int, rank: int, world: int
 
 def train_body(rank: int, world_size: int, plan_types: str | Mapping[str, str],
                steps: Sequence[int], load_from: str | None = None,
-               save_to: str | None = None) -> dict[str, Any]:
+               save_to: str | None = None, dense_optimizer: str = "sgd") -> dict[str, Any]:
     """Train ``steps`` (global batch numbers) sharded per ``plan_types``, from a fresh model
-    or a checkpoint; optionally save one. Returns the global losses, the full tables, the
-    remapper state (rank 0's) and the checkpoint's path."""
+    or a checkpoint; optionally save one. ``dense_optimizer``: ``sgd`` or ``adam`` (attached
+    to the remappers, which reset its state of reassigned data-parallel rows). Returns the
+    global losses, the full tables, the remapper state (rank 0's) and the checkpoint's path."""
     model = zch_dlrm(seed=3 if load_from is None else 77)  # a resume must not need the seed
     plan = forced_plan(model.sparse_arch.embedding_bag_configs(), world_size, plan_types)
     dmp = wrap_model(model, plan, dist.group.WORLD)
@@ -83,7 +84,11 @@ def train_body(rank: int, world_size: int, plan_types: str | Mapping[str, str],
         load_sharded(load_from, dmp)
         state, _ = ckpt.load_dense(load_from)
         load_dense_state(dmp, state)
-    opt = torch.optim.SGD(dense_parameters(dmp), lr=0.1)
+    opt: torch.optim.Optimizer = (torch.optim.Adam(dense_parameters(dmp), lr=0.05)
+                                  if dense_optimizer == "adam"
+                                  else torch.optim.SGD(dense_parameters(dmp), lr=0.1))
+    assert model.collisions is not None
+    model.collisions.attach_optimizer(opt)
     losses = []
     for step in steps:
         dense, kjt, labels = _rank_rows(step, rank, world_size)

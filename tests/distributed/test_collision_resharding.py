@@ -39,12 +39,13 @@ def test_zch_checkpoint_reshards_from_2_to_1_and_4(tmp_path: Path) -> None:
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_zch_data_parallel_table_on_2_ranks_steps_as_on_1() -> None:
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_zch_data_parallel_table_on_2_ranks_steps_as_on_1(optimizer: str) -> None:
     """A data-parallel zch table (replicas trained by the dense optimizer): every rank's
-    replica is reset alike, and 2 ranks take the steps of 1."""
+    replica, and its Adam moments, are reset alike, and 2 ranks take the steps of 1."""
     plan = {"user": "data_parallel", "item": "row_wise"}
-    one = run_multiprocess(train_body, 1, args=(plan, FIRST))[0]
-    two = run_multiprocess(train_body, 2, args=(plan, FIRST))
+    one = run_multiprocess(train_body, 1, args=(plan, FIRST, None, None, optimizer))[0]
+    two = run_multiprocess(train_body, 2, args=(plan, FIRST, None, None, optimizer))
     torch.testing.assert_close(two[0]["losses"], one["losses"])
     torch.testing.assert_close(two[1]["tables"]["user"], one["tables"]["user"])
     assert one["remapper"]["remappers.user.stats_counters"][3] > 0  # rows were reassigned

@@ -117,6 +117,8 @@ class TrainPipeline(abc.ABC):
         #: Managed-collision remappers: each step tells them the batch's data time (ttl).
         self._collisions = [m for m in model.modules()
                             if isinstance(m, ManagedCollisionCollection)]
+        for collisions in self._collisions:  # a data-parallel zch table's rows step here
+            collisions.attach_optimizer(optimizer)
 
     # ---- the interface ------------------------------------------------------------------
     @abc.abstractmethod
