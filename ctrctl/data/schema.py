@@ -33,6 +33,7 @@ A schema is a YAML file (``schemas/criteo.yaml``, ``schemas/avazu.yaml``)::
         collision: {kind: zch, capacity: 100000, eviction: lru}   # lfu | lru | ttl
         #   ttl_days: 7           # ttl: free a row unused for 7 days of data time
         #   admit_min_count: 2    # lookups before an id gets a row of its own (default 1)
+        #   shards: 8             # the remapper state in 8 parts, each on the rank of its rows
       # two-tower retrieval: role: query | item | item_id is a sparse feature of that
       # tower (read back as role: sparse, tower: query ...)
       - name: hour
@@ -109,6 +110,8 @@ class Collision(_Frozen):
             ``time_column``).
         ttl_days: ``ttl``: a row not looked up for this many days of data time is freed.
         admit_min_count: lookups an id needs before it gets a row of its own.
+        shards: the remapper's state in this many fixed parts (by a hash of the key), each
+            held by the rank holding its rows; each part admits and evicts on its own.
     """
 
     kind: Literal["zch"]
@@ -116,6 +119,7 @@ class Collision(_Frozen):
     eviction: Literal["lfu", "lru", "ttl"] = "lfu"
     ttl_days: float | None = None
     admit_min_count: int = 1
+    shards: int = 1
 
     @model_validator(mode="after")
     def _check(self) -> Collision:
@@ -128,6 +132,8 @@ class Collision(_Frozen):
             raise ValueError(f"ttl_days is for eviction ttl, not {self.eviction}")
         if self.admit_min_count < 1:
             raise ValueError("collision admit_min_count must be >= 1")
+        if not 1 <= self.shards <= self.capacity - 1:
+            raise ValueError(f"collision shards {self.shards}: use 1 <= shards <= capacity - 1")
         return self
 
 

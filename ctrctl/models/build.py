@@ -228,7 +228,8 @@ def managed_collisions(manifest: DatasetManifest, tables: Sequence[EmbeddingBagC
         f.name: CollisionConfig(
             capacity=f.num_embeddings, eviction=f.collision.get("eviction", "lfu"),
             ttl_days=f.collision.get("ttl_days"),
-            admit_min_count=int(f.collision.get("admit_min_count", 1)))
+            admit_min_count=int(f.collision.get("admit_min_count", 1)),
+            shards=int(f.collision.get("shards", 1)))
         for f in manifest.sparse if f.mode == "zch" and f.collision is not None
     }
     return ManagedCollisionCollection(configs, tables, seed=seed) if configs else None
@@ -248,18 +249,28 @@ def wrap_model(model: nn.Module, plan: ShardingPlan | None, process_group: Any,
         raise ConfigError(
             "training on several processes needs ctrctl.distributed.model_parallel, which "
             "this installation lacks", hint="train with --nproc-per-node 1") from exc
+    dmp = DistributedModelParallel(model, plan=plan, process_group=process_group,
+                                   dense_process_group=dense_process_group)
     collisions = getattr(_unwrap(model), "collisions", None)
     if isinstance(collisions, ManagedCollisionCollection):
-        # Every rank updates its remappers with every rank's keys: one state on all ranks.
+        # Each remapper shard lives on the rank holding its first row (spread over the
+        # holders where every rank holds every row); ranks exchange a step's keys and slots.
         import torch.distributed as dist
 
-        collisions.process_group = process_group if process_group is not None \
-            else dist.group.WORLD
-    return DistributedModelParallel(model, plan=plan, process_group=process_group,
-                                    dense_process_group=dense_process_group)
+        group = process_group if process_group is not None else dist.group.WORLD
+        collisions.process_group = group
+        collisions.place({name: [(s.rank, s.row_offset, s.rows) for s in entry.shards]
+                          for name, entry in dmp.plan.tables.items()}, dist.get_rank(group))
+    return dmp
 
 
 # ---- finding the parts ---------------------------------------------------------------------
+def _collision_modules(model: nn.Module) -> list[tuple[str, ManagedCollisionCollection]]:
+    """(state-dict prefix, module) of every managed-collision collection in ``model``."""
+    return [(name, m) for name, m in _unwrap(model).named_modules()
+            if isinstance(m, ManagedCollisionCollection) and name]
+
+
 def _unwrap(model: nn.Module) -> nn.Module:
     """The DLRM inside wrappers (DMP, DDP) that keep it as ``.module``."""
     inner = model
@@ -295,16 +306,28 @@ def _is_embedding_key(key: str, prefixes: list[str]) -> bool:
 
 
 def dense_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict without the embedding tables (they go to table pieces)."""
+    """The model's state dict without the embedding tables (they go to table pieces), with
+    every managed-collision shard whichever rank holds it (a collective once the remappers
+    are placed over ranks: every rank calls this together)."""
     prefixes = [name for name, _ in _embedding_modules(model)]
-    return {k: v for k, v in _unwrap(model).state_dict().items()
-            if not _is_embedding_key(k, prefixes)}
+    state = {k: v for k, v in _unwrap(model).state_dict().items()
+             if not _is_embedding_key(k, prefixes)}
+    for prefix, collisions in _collision_modules(model):
+        state = {k: v for k, v in state.items() if not _is_embedding_key(k, [prefix])}
+        state.update({f"{prefix}.{k}": v for k, v in collisions.full_state_dict().items()})
+    return state
 
 
 def load_dense_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load a :func:`dense_state` into the model (tables untouched)."""
     inner = _unwrap(model)
     prefixes = [name for name, _ in _embedding_modules(model)]
+    for prefix, collisions in _collision_modules(model):
+        # Each remapper shard takes its part of the whole saved state (it reshards here).
+        collisions.load_full_state_dict({k[len(prefix) + 1:]: v for k, v in state.items()
+                                         if _is_embedding_key(k, [prefix])})
+        prefixes.append(prefix)
+        state = {k: v for k, v in state.items() if not _is_embedding_key(k, [prefix])}
     expected = {k for k in inner.state_dict() if not _is_embedding_key(k, prefixes)}
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:

@@ -11,11 +11,16 @@ it works the same for every sharding type: the rows it resets are written wherev
 live (an unsharded collection's tables, or each shard a rank holds: table-wise, row-wise,
 column-wise, data-parallel, cached), their fused optimizer state zeroed, and the state
 that an attached dense optimizer keeps for a data-parallel replica's rows reset
-(:meth:`ManagedCollisionCollection.attach_optimizer`). Training with several ranks, each rank gathers every
-rank's keys (``process_group``), updates its remappers with the whole step, and keeps its
-own share: all ranks hold the same state, and it depends only on the multiset of keys of a
-step (not their order), so a world-2 run and a world-1 run over the same global batches
-agree.
+(:meth:`ManagedCollisionCollection.attach_optimizer`).
+
+Each table's remapper is split into fixed shards (:mod:`ctrctl.modules.collision_shards`).
+Placed over several ranks (:meth:`ManagedCollisionCollection.place`, from the sharding
+plan), each rank keeps the shards whose first row it holds; every step the ranks gather the
+step's keys (``process_group``), each remaps those of its shards, and a sum gives every rank
+its slots. The state depends only on the multiset of a step's keys (not their order) and on
+the number of shards, never the world size, so a world-2 run and a world-1 run over the same
+global batches agree, and a checkpoint (:meth:`full_state_dict`) reshards on load
+(:meth:`load_full_state_dict`).
 
 Example:
     >>> mc = ManagedCollisionCollection(
@@ -28,13 +33,14 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
-from ctrctl.errors import ConfigError
-from ctrctl.modules.collisions import CollisionConfig, CollisionRemapper
+from ctrctl.errors import CheckpointError, ConfigError
+from ctrctl.modules.collision_shards import ShardedRemapper, shard_owners
+from ctrctl.modules.collisions import CollisionConfig
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig
 from ctrctl.sparse import KeyedJaggedTensor
 
@@ -67,14 +73,19 @@ class ManagedCollisionCollection(nn.Module):
                     f"table {name!r} has {by_name[name].num_embeddings} rows but its "
                     f"collision capacity is {config.capacity}",
                     where="ManagedCollisionCollection", hint="size the table by the capacity")
-        self.remappers = nn.ModuleDict({n: CollisionRemapper(c) for n, c in collisions.items()})
+        self.remappers = nn.ModuleDict({n: ShardedRemapper(c) for n, c in collisions.items()})
         self._tables = {n: by_name[n] for n in collisions}
         self._table_of = {f: t.name for t in tables if t.name in collisions
                           for f in t.feature_names}
         # A buffer, so that a resumed model re-draws rows as the saved one would have.
         self.reset_seed: torch.Tensor
         self.register_buffer("reset_seed", torch.tensor(seed, dtype=torch.int64))
+        # Training steps taken, the same on every rank: it seeds each step's re-draw.
+        self.train_steps: torch.Tensor
+        self.register_buffer("train_steps", torch.zeros((), dtype=torch.int64))
         self.process_group = process_group
+        #: True once :meth:`place` spread the remapper shards over the group's ranks.
+        self.placed = False
         #: The data time (days) of the coming training step; ttl tables need it.
         self.now: float | None = None
         #: Optimizers that step tables outside the fused kernels (a data-parallel table's
@@ -86,6 +97,20 @@ class ManagedCollisionCollection(nn.Module):
         its dense optimizer, which steps data-parallel tables)."""
         if all(o is not optimizer for o in self.dense_optimizers):
             self.dense_optimizers.append(optimizer)
+
+    def place(self, blocks: Mapping[str, Sequence[tuple[int, int, int]]], rank: int) -> None:
+        """Keep only the remapper shards this rank owns: those whose first row it holds.
+
+        Args:
+            blocks: per managed table, its blocks as ``(rank, row_offset, rows)`` (a
+                sharding plan's shards); a table missing here keeps every shard.
+            rank: this rank in :attr:`process_group`.
+        """
+        for name, module in self.remappers.items():
+            assert isinstance(module, ShardedRemapper)
+            if name in blocks:
+                module.place(shard_owners(module.ranges, blocks[name]), rank)
+        self.placed = True
 
     def table_features(self) -> dict[str, str]:
         """Feature -> its managed-collision table."""
@@ -114,29 +139,39 @@ class ManagedCollisionCollection(nn.Module):
         values = features.values()
         bounds = features.offset_per_key()
         gathered = None
-        if update:
+        if update or self.placed:  # placed: a key's shard may be held by another rank
             gathered, now = self._gather(values, features.length_per_key(), now)
         new_values = values.clone()
-        for i in managed:
-            remapper = self._remapper(keys[i])
-            local = values[bounds[i]:bounds[i + 1]]
-            if gathered is None:
-                new_values[bounds[i]:bounds[i + 1]] = remapper.remap(local, now, update)
-            else:
-                parts, rank = gathered[i], _rank(self.process_group)
-                slots = remapper.remap(torch.cat(parts), now, update)
-                start = sum(p.numel() for p in parts[:rank])
-                new_values[bounds[i]:bounds[i + 1]] = slots[start:start + local.numel()]
-        if update and tables is not None:
-            self.reset_rows(tables)
+        if gathered is None:
+            for i in managed:
+                local = values[bounds[i]:bounds[i + 1]]
+                new_values[bounds[i]:bounds[i + 1]] = self._remapper(keys[i]).remap(
+                    local, now, update)
+        else:
+            # Every rank remaps every rank's keys in the shards it holds (0 elsewhere);
+            # placed, each key's shard is on one rank, and a sum gives every rank the slots.
+            slots = [self._remapper(keys[i]).remap(torch.cat(gathered[i]), now, update)
+                     for i in managed]
+            joined = torch.cat(slots)
+            if self.placed:
+                _all_reduce(joined, self.process_group)
+            rank = _rank(self.process_group)
+            for i, part in zip(managed, joined.split([t.numel() for t in slots]), strict=True):
+                start = sum(p.numel() for p in gathered[i][:rank])
+                new_values[bounds[i]:bounds[i + 1]] = part[start:start + bounds[i + 1]
+                                                           - bounds[i]]
+        if update:
+            self.train_steps += 1
+            if tables is not None:
+                self.reset_rows(tables)
         return KeyedJaggedTensor(
             keys=keys, values=new_values, weights=features.weights_or_none(),
             lengths=features.lengths(), offsets=features.offsets(), stride=features.stride(),
             length_per_key=features.length_per_key(), offset_per_key=bounds)
 
-    def _remapper(self, feature: str) -> CollisionRemapper:
+    def _remapper(self, feature: str) -> ShardedRemapper:
         remapper = self.remappers[self._table_of[feature]]
-        assert isinstance(remapper, CollisionRemapper)
+        assert isinstance(remapper, ShardedRemapper)
         return remapper
 
     def _gather(self, values: torch.Tensor, length_per_key: list[int], now: float | None
@@ -181,14 +216,17 @@ class ManagedCollisionCollection(nn.Module):
         optimizer state, wherever ``tables`` holds them; returns rows reset per table."""
         done: dict[str, int] = {}
         for name, module in self.remappers.items():
-            assert isinstance(module, CollisionRemapper)
+            assert isinstance(module, ShardedRemapper)
             slots = module.take_reassigned()
+            if self.placed:  # the shards' owners tell every holder of the rows
+                slots = _all_gather_varlen(slots, self.process_group, self.reset_seed.device)
+            slots = torch.unique(slots)  # ascending: the draw below is the same everywhere
             if slots.numel() == 0:
                 continue
             config = self._tables[name]
             generator = torch.Generator().manual_seed(
                 int(self.reset_seed) * 1_000_003 + zlib.crc32(name.encode()) * 7919
-                + int(module.step))
+                + int(self.train_steps))
             low, high = config.init_range
             fresh = torch.empty(slots.numel(), config.embedding_dim).uniform_(
                 low, high, generator=generator)  # (n, D), the same on every rank
@@ -208,15 +246,92 @@ class ManagedCollisionCollection(nn.Module):
         return done
 
     def stats(self) -> dict[str, dict[str, float]]:
-        """Per table, its remapper's statistics (see :meth:`CollisionRemapper.stats`)."""
-        return {name: module.stats() for name, module in self.remappers.items()
-                if isinstance(module, CollisionRemapper)}
+        """Per table, its remapper's statistics (see :meth:`CollisionRemapper.stats`).
+        Placed over several ranks, the shards' counters are summed over the group: every
+        rank must call this together."""
+        names = list(self.remappers)
+        counters = [cast(ShardedRemapper, self.remappers[n]).counters() for n in names]
+        if self.placed and counters:
+            joined = torch.stack(counters).to(self.reset_seed.device)
+            _all_reduce(joined, self.process_group)
+            counters = list(joined.cpu().unbind(0))
+        return {n: cast(ShardedRemapper, self.remappers[n]).stats(c)
+                for n, c in zip(names, counters, strict=True)}
+
+    # ---- checkpoints: the whole state, whichever ranks hold its shards -----------------
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The state dict of every shard, wherever held (every rank must call this together
+        once placed): what a checkpoint saves, loadable under any world size or plan."""
+        state = {k: v.detach().cpu() for k, v in self.state_dict().items()}
+        if not self.placed or _world(self.process_group) == 1:
+            return state
+        import torch.distributed as dist
+
+        parts: list[dict[str, torch.Tensor] | None] = [None] * _world(self.process_group)
+        dist.all_gather_object(parts, state, group=self.process_group)
+        merged: dict[str, torch.Tensor] = {}
+        for part in reversed(parts):  # rank 0's copy of the replicated buffers wins
+            assert part is not None
+            merged.update(part)
+        return dict(sorted(merged.items()))
+
+    def load_full_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Load a :meth:`full_state_dict`: the shards held here take theirs, the others'
+        are checked and left (that is how the state reshards).
+
+        Raises:
+            CheckpointError: a key of the shards held here is missing, or one names no
+                shard of this model (saved with other tables or another ``shards``).
+        """
+        own = self.state_dict()
+        known = {f"remappers.{n}.shards.{s}." for n, m in self.remappers.items()
+                 for s in range(cast(ShardedRemapper, m).config.shards)}
+        missing = sorted(set(own) - set(state))
+        unknown = sorted(k for k in state if k not in own
+                         and not any(k.startswith(p) for p in known))
+        if missing or unknown:
+            raise CheckpointError(
+                f"the managed-collision state does not fit the model (missing "
+                f"{missing[:3]}, unexpected {unknown[:3]})", where="ManagedCollisionCollection",
+                hint="load it into a model built from the checkpoint's own dataset and config")
+        self.load_state_dict({k: state[k] for k in own})
 
 
 def _rank(group: Any) -> int:
     import torch.distributed as dist
 
     return dist.get_rank(group)
+
+
+def _world(group: Any) -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size(group) if group is not None else 1
+
+
+def _all_reduce(tensor: torch.Tensor, group: Any) -> None:
+    """Sum ``tensor`` over ``group`` in place."""
+    import torch.distributed as dist
+
+    dist.all_reduce(tensor, group=group)
+
+
+def _all_gather_varlen(tensor: torch.Tensor, group: Any, device: torch.device) -> torch.Tensor:
+    """Every rank's 1-D int64 ``tensor`` (lengths may differ), concatenated in rank order;
+    sent from ``device`` (the group's backend's)."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    size = torch.tensor([tensor.numel()], dtype=torch.int64, device=device)
+    sizes = [torch.empty_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size, group=group)
+    counts = [int(t) for t in sizes]
+    padded = torch.zeros(max(counts), dtype=torch.int64, device=device)
+    padded[:tensor.numel()] = tensor.to(device)
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat([p[:n] for p, n in zip(parts, counts, strict=True)])
 
 
 def _dense_optimizer_state(optimizers: Sequence[torch.optim.Optimizer], weight: torch.Tensor

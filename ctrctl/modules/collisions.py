@@ -24,9 +24,9 @@ managed-collision table instead tracks which raw keys own which of its ``capacit
 
 The state (slot -> key, counts, last use, waiting ids and their counts, statistics) is a set of
 fixed-size buffers, so it is part of ``state_dict()``: checkpoints carry it, and a model loaded
-from one maps every key as the trained model did. The remapper runs before the embedding
-collection, on every rank, over the whole batch (all ranks' ids when training sharded), so
-every rank holds the same state and a plan or world-size change does not move it.
+from one maps every key as the trained model did. A table's remapper may be split into
+fixed shards, each one of these over a range of the rows and held by the rank of its rows
+(:mod:`ctrctl.modules.collision_shards`); the remapping runs before the embedding collection.
 
 Kernel: FBGEMM 1.8.0 registers ``torch.ops.fbgemm.zero_collision_hash`` on CPU, a probing
 hash with TTL eviction and no admission counting, LFU or LRU; this module is the vectorised
@@ -54,6 +54,11 @@ EVICTIONS: tuple[str, ...] = ("lfu", "lru", "ttl")
 #: The row every not-admitted id is looked up in.
 DEFAULT_ROW = 0
 
+#: A training remap's time per id (ns) that the planner prices: scripts/bench_zch_remap.py,
+#: capacity 100,000, Zipf(1.1) ids, 16,384 a step, one thread, on the AMD EPYC (Zen 4) of
+#: docs/collisions.md (median of 3 runs; the figure rises with the machine's load).
+REMAP_NS_PER_ID = 159.0
+
 
 @dataclasses.dataclass(frozen=True)
 class CollisionConfig:
@@ -66,6 +71,9 @@ class CollisionConfig:
         admit_min_count: lookups an id needs before it gets a row of its own (1: at once).
         pending_capacity: ids counted while they wait for admission (default ``capacity``);
             when more wait, the least counted, then least recently seen, are forgotten.
+        shards: the remapper's state split into this many fixed parts, each held by the rank
+            holding its rows (:mod:`ctrctl.modules.collision_shards`); a key's part is a hash
+            of the key, and each part admits and evicts on its own.
 
     Example:
         >>> CollisionConfig(capacity=100_000, eviction="ttl", ttl_days=7, admit_min_count=2)
@@ -76,6 +84,7 @@ class CollisionConfig:
     ttl_days: float | None = None
     admit_min_count: int = 1
     pending_capacity: int | None = None
+    shards: int = 1
 
     def __post_init__(self) -> None:
         where = "CollisionConfig"
@@ -92,6 +101,9 @@ class CollisionConfig:
                               where=where)
         if self.pending_capacity is not None and self.pending_capacity < 1:
             raise ConfigError("pending_capacity must be >= 1", where=where)
+        if not 1 <= self.shards <= self.capacity - 1:
+            raise ConfigError(f"shards={self.shards} for {self.capacity - 1} slots",
+                              where=where, hint="use 1 <= shards <= capacity - 1")
 
     @property
     def waiting_rows(self) -> int:

@@ -28,6 +28,7 @@ from ctrctl.modules import (
     ManagedCollisionCollection,
     dlrm_loss,
 )
+from ctrctl.modules.collision_shards import ShardedRemapper
 from ctrctl.sparse import KeyedJaggedTensor
 
 GLOBAL_BATCH = 8
@@ -36,15 +37,15 @@ DIM = 8
 USER_KEYS = [(7919 * k) ** 3 - 2**61 for k in range(1, 41)]
 
 
-def zch_dlrm(seed: int, capacity: int = 12) -> DLRM:
+def zch_dlrm(seed: int, capacity: int = 12, shards: int = 1) -> DLRM:
     tables = [EmbeddingBagConfig("user", capacity, DIM, ["user"]),
               EmbeddingBagConfig("item", 16, DIM, ["item"])]
     # exact_adagrad: per-element state, so column shards step as the whole row does
     # (rowwise Adagrad's state is a mean over the columns a shard holds).
     optimizer = EmbeddingOptimizerConfig(kind="exact_adagrad", lr=0.2)
     ebc = EmbeddingBagCollection(tables, optimizer=optimizer, seed=seed)
-    mc = ManagedCollisionCollection({"user": CollisionConfig(capacity, eviction="lru")}, tables,
-                                    seed=seed)
+    mc = ManagedCollisionCollection(
+        {"user": CollisionConfig(capacity, eviction="lru", shards=shards)}, tables, seed=seed)
     torch.manual_seed(seed)
     return DLRM(ebc, 2, [8, DIM], [8, 1], collisions=mc)
 
@@ -72,12 +73,14 @@ def _rank_rows(step: int, rank: int, world: int
 
 def train_body(rank: int, world_size: int, plan_types: str | Mapping[str, str],
                steps: Sequence[int], load_from: str | None = None,
-               save_to: str | None = None, dense_optimizer: str = "sgd") -> dict[str, Any]:
+               save_to: str | None = None, dense_optimizer: str = "sgd",
+               shards: int = 1) -> dict[str, Any]:
     """Train ``steps`` (global batch numbers) sharded per ``plan_types``, from a fresh model
     or a checkpoint; optionally save one. ``dense_optimizer``: ``sgd`` or ``adam`` (attached
-    to the remappers, which reset its state of reassigned data-parallel rows). Returns the
-    global losses, the full tables, the remapper state (rank 0's) and the checkpoint's path."""
-    model = zch_dlrm(seed=3 if load_from is None else 77)  # a resume must not need the seed
+    to the remappers, which reset its state of reassigned data-parallel rows); ``shards``:
+    the user remapper's. Returns the global losses, the full tables, the whole remapper state
+    (gathered from its shards' ranks), the shards held here and the checkpoint's path."""
+    model = zch_dlrm(seed=3 if load_from is None else 77, shards=shards)  # resume: any seed
     plan = forced_plan(model.sparse_arch.embedding_bag_configs(), world_size, plan_types)
     dmp = wrap_model(model, plan, dist.group.WORLD)
     if load_from is not None:
@@ -104,9 +107,11 @@ def train_body(rank: int, world_size: int, plan_types: str | Mapping[str, str],
         path = str(save_sharded(save_to, steps[-1], dmp, dense_state(dmp), {}, {}, {}))
     collisions = model.collisions
     assert collisions is not None
+    user = collisions.remappers["user"]
+    assert isinstance(user, ShardedRemapper)
     return {"losses": losses, "tables": gather_table_weights(dmp),
-            "remapper": {k: v.clone() for k, v in collisions.state_dict().items()},
-            "path": path}
+            "remapper": collisions.full_state_dict(), "local_shards": user.local(),
+            "state_keys": sorted(collisions.state_dict()), "path": path}
 
 
 def checkpoint_exists(path: str) -> bool:

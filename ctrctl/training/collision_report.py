@@ -1,7 +1,7 @@
 """Statistics of managed-collision (zch) tables for MLflow and the end-of-training report.
 
-The remapper state is the same on every rank (each rank updates it with every rank's keys),
-so rank 0's statistics are the run's.
+A remapper's shards may live on several ranks: :func:`collision_metrics` sums their counters
+over the group, so every rank calls it together and each gets the run's statistics.
 
 Example:
     >>> metrics = collision_metrics(model)      # {} when no table is managed

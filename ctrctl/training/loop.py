@@ -282,9 +282,10 @@ class _Trainer:
         entry = {"step": self.step, **{f"val.{k}": v for k, v in values.items()}}
         self.history.append(entry)
         self.metrics.update({k: v for k, v in entry.items() if k != "step"})
+        zch = collision_metrics(self.model)  # every rank: the remapper shards' counters sum
         if self.rank == 0:
-            self.run.log_metrics({k: v for k, v in entry.items() if k != "step"}
-                                 | collision_metrics(self.model), step=self.step)
+            self.run.log_metrics({k: v for k, v in entry.items() if k != "step"} | zch,
+                                 step=self.step)
             logger.info("step %d: %s", self.step,
                         " ".join(f"{k}={format_value(k, v)}" for k, v in entry.items()
                                  if k != "step"))
@@ -552,7 +553,7 @@ def train(
         summary = trainer.summary()
         # after the final checkpoint, so its flush's write-backs are counted
         cache = gather_cache_metrics(trainer.model, world_size)
-        zch = collision_metrics(trainer.model)  # the same on every rank
+        zch = collision_metrics(trainer.model)  # on every rank (summed over the shards)
         result = TrainResult(out=out, step=trainer.step, checkpoint=path,
                              metrics=dict(trainer.metrics), history=list(trainer.history),
                              samples_per_s=rate, stop_reason=trainer.stop_reason,

@@ -40,6 +40,7 @@ def schema_dict(collision: dict[str, Any], time_column: str | None = None) -> di
     ({"kind": "zch", "capacity": 10, "eviction": "ttl"}, "day", "ttl_days > 0"),
     ({"kind": "zch", "capacity": 10, "admit_min_count": 0}, None, "admit_min_count"),
     ({"kind": "mch", "capacity": 10}, None, "'zch'"),
+    ({"kind": "zch", "capacity": 10, "shards": 10}, None, "1 <= shards <= capacity - 1"),
 ])
 def test_bad_collision_entries_are_one_clear_error(collision: dict[str, Any],
                                                    time_column: str | None, message: str) -> None:
@@ -78,7 +79,7 @@ def test_preprocess_writes_raw_keys_without_modulo(tmp_path: Path) -> None:
     features = {f.name: f for f in manifest.sparse}
     assert (features["user"].mode, features["user"].num_embeddings) == ("zch", 10)
     assert features["user"].collision == {"kind": "zch", "capacity": 10, "eviction": "lru",
-                                          "admit_min_count": 1}
+                                          "admit_min_count": 1, "shards": 1}
     assert features["ad"].mode == "hash" and features["ad"].collision is None
 
 

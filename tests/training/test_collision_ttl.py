@@ -59,7 +59,7 @@ def test_ttl_table_trains_and_evicts_by_the_datas_day(ttl_dataset: Path) -> None
             pipeline.progress(items)
         except StopIteration:
             break
-    remapper = model.collisions.remappers["user"]
+    remapper = model.collisions.remappers["user"].shards["0"]  # one shard: the whole table
     assert isinstance(remapper, CollisionRemapper)
     # The reference fed the same steps, each at its batch's (latest) day.
     reference = Reference(remapper.config)
