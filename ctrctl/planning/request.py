@@ -164,7 +164,7 @@ def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool
                                       "rowwise_adagrad")
     num_dense = 13  # DLRM's Criteo default when no dataset says otherwise
     train_rows: int | None = None
-    zch_bytes = 0  # managed-collision remappers: replicated on every rank
+    zch_bytes = 0  # managed-collision remappers: priced with their tables' rows
     if request.tables is not None:
         tables = tables_from_yaml(request.tables, optimizer=optimizer)
         dataset = None
@@ -187,7 +187,8 @@ def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool
             dim = ModelConfig.model_validate({}).embedding_dim
         assert dataset is not None
         manifest = DatasetManifest.load(dataset)
-        tables = tables_from_manifest(manifest, embedding_dim=dim, optimizer=optimizer)
+        tables = with_remappers(tables_from_manifest(manifest, embedding_dim=dim,
+                                                     optimizer=optimizer), manifest)
         zch_bytes = collision_state_bytes(manifest)
         num_dense = len(manifest.dense)
         train_rows = manifest.splits["train"].rows if "train" in manifest.splits else None
@@ -232,11 +233,8 @@ def _resolve(request: PlanRequest) -> tuple[list[TableSpec], Topology, int, bool
         per_rank = max(batch // topology.world_size, 1) if global_batch else batch
         topology = dataclasses.replace(topology, dense_bytes=dense_model_bytes(
             cfg, num_dense, len(tables), per_rank))
-    if zch_bytes:
-        topology = dataclasses.replace(topology,
-                                       dense_bytes=topology.dense_bytes + zch_bytes)
     resolved = {"dataset": str(dataset) if dataset else None,
-                "zch_state_bytes_per_rank": zch_bytes,
+                "zch_state_bytes": zch_bytes,
                 "tables_file": str(request.tables) if request.tables else None,
                 "config": str(request.config) if request.config else None,
                 "device": topology.device, "optimizer": optimizer,
@@ -303,15 +301,30 @@ def run_plan(request: PlanRequest, tracker: Tracker | None = None) -> PlanOutcom
     return outcome
 
 
-def collision_state_bytes(manifest: Any) -> int:
-    """Bytes of the managed-collision (zch) remappers of a dataset's tables, held by every
-    rank (their state is replicated, not sharded with the rows): the plan counts them
-    beside the dense model."""
+def _collision_config(feature: Any) -> Any:
     from ctrctl.modules.collisions import CollisionConfig
 
-    return sum(CollisionConfig(capacity=f.num_embeddings,
-                               eviction=f.collision.get("eviction", "lfu"),
-                               ttl_days=f.collision.get("ttl_days"),
-                               admit_min_count=int(f.collision.get("admit_min_count", 1))
-                               ).state_bytes()
+    c = feature.collision
+    return CollisionConfig(capacity=feature.num_embeddings, eviction=c.get("eviction", "lfu"),
+                           ttl_days=c.get("ttl_days"),
+                           admit_min_count=int(c.get("admit_min_count", 1)),
+                           shards=int(c.get("shards", 1)))
+
+
+def collision_state_bytes(manifest: Any) -> int:
+    """Bytes of all the managed-collision (zch) remappers of a dataset's tables (over every
+    rank together: each part of a remapper lives on the rank of its rows)."""
+    return sum(_collision_config(f).state_bytes()
                for f in manifest.sparse if f.mode == "zch" and f.collision)
+
+
+def with_remappers(tables: list[TableSpec], manifest: Any) -> list[TableSpec]:
+    """``tables`` with each zch table's remapper priced: its state per row and its
+    training remap's time per id (:data:`~ctrctl.modules.collisions.REMAP_NS_PER_ID`)."""
+    from ctrctl.modules.collisions import REMAP_NS_PER_ID
+
+    zch = {f.name: f for f in manifest.sparse if f.mode == "zch" and f.collision}
+    return [dataclasses.replace(t, remap_bytes_per_row=_collision_config(zch[t.name])
+                                .state_bytes() / zch[t.name].num_embeddings,
+                                remap_ns_per_id=REMAP_NS_PER_ID)
+            if t.name in zch else t for t in tables]

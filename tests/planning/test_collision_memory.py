@@ -1,11 +1,14 @@
-"""The plan counts managed-collision remappers' state on every rank, beside the dense model."""
+"""The plan prices managed-collision remappers with their tables (state per row, remap time
+per id), not as dense memory on every rank."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from ctrctl.data.manifest import DatasetManifest, SparseFeature, SplitInfo
-from ctrctl.modules.collisions import CollisionConfig
+from ctrctl.modules.collisions import REMAP_NS_PER_ID, CollisionConfig
 from ctrctl.planning.request import PlanRequest, _resolve, collision_state_bytes
 
 
@@ -17,15 +20,19 @@ def manifest(zch: bool) -> DatasetManifest:
                            sparse=(user, SparseFeature("item", "hash", 300, hash_size=300)))
 
 
-def test_zch_state_counts_per_rank(tmp_path: Path) -> None:
+def test_zch_remappers_are_priced_with_their_tables(tmp_path: Path) -> None:
     assert collision_state_bytes(manifest(False)) == 0
     expected = CollisionConfig(50_000, eviction="lru").state_bytes()
     assert collision_state_bytes(manifest(True)) == expected > 50_000 * 40
-    dense = {}
+    resolved = {}
     for zch in (False, True):
         folder = tmp_path / f"ds-{zch}"
         folder.mkdir()
         manifest(zch).save(folder)
-        _, topology, *_ = _resolve(PlanRequest(dataset=folder, world_size=2))
-        dense[zch] = topology.dense_bytes
-    assert dense[True] - dense[False] == expected
+        resolved[zch] = _resolve(PlanRequest(dataset=folder, world_size=2))
+    tables = {t.name: t for t in resolved[True][0]}
+    assert tables["user"].remap_bytes_per_row == pytest.approx(expected / 50_000)
+    assert tables["user"].remap_ns_per_id == REMAP_NS_PER_ID
+    assert (tables["item"].remap_bytes_per_row, tables["item"].remap_ns_per_id) == (0, 0)
+    assert resolved[True][1].dense_bytes == resolved[False][1].dense_bytes  # not replicated
+    assert resolved[True][4]["zch_state_bytes"] == expected

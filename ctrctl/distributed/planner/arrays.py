@@ -130,7 +130,9 @@ class OptionArrays:
             np.array([t.element_bytes for t in tables]),
             np.array([t.pooling_factor for t in tables]), rows.astype(np.float64),
             np.array([OPTIMIZER_STATE[t.optimizer][0] for t in tables]),
-            np.array([OPTIMIZER_STATE[t.optimizer][1] for t in tables]))
+            np.array([OPTIMIZER_STATE[t.optimizer][1] for t in tables]),
+            np.array([t.remap_bytes_per_row for t in tables]),
+            np.array([t.remap_ns_per_id for t in tables]))
         state = (columns.state_per_row * 4.0 * rows  # type: ignore[operator]
                  + columns.state_per_element * 4.0 * rows * dims)  # type: ignore[operator]
         whole = np.array([t.weight_bytes for t in tables]) + state

@@ -29,6 +29,14 @@ in a step, pooling factor ``P``, ``c`` columns, ``s`` bytes per element:
   (``topology.parallel_ranks``) needs at least the sum of its ranks' compute over ``P``
   plus their mean communication; the step is the larger of that and the slowest rank.
   GPUs (``host_parallelism`` None) never reach that bound.
+* **managed-collision remappers** (zch tables: ``remap_bytes_per_row``,
+  ``remap_ns_per_id``): the remapper's parts live with the rows, so a row-wise or
+  table-wise shard holds ``rows * remap_bytes_per_row`` of state and remaps its share of
+  the step's ids (``G * P * rows / num_embeddings``) at ``remap_ns_per_id`` each, in
+  forward compute. Where every holder has every row (column-wise, data-parallel) the parts
+  go round the holders; one holder may get them all, so each is priced the whole table's
+  state and ids (an upper bound). The state is the model's device memory (HBM on GPUs, DDR
+  on CPUs) whatever the kernel caches. The ranks' exchange of keys and slots is not priced.
 * **storage**: weights + optimizer state (none for SGD, one float per row for row-wise
   Adagrad, 1x for Adagrad, 2x for Adam) + input/output buffers for two batches in flight
   (the train pipeline overlaps the next batch's input distribution). Cached kernels keep
@@ -145,6 +153,10 @@ class _Terms:
     output_s: np.ndarray | None = None
     #: Bytes of each shard's weights (the rows its kernel reads).
     shard_bytes: np.ndarray | None = None
+    #: Seconds of each shard's managed-collision remap per step, and bytes of its remapper
+    #: state (None: no remapper). The state sits in the device's memory whatever the kernel.
+    remap_s: np.ndarray | None = None
+    remap_bytes: np.ndarray | None = None
 
 
 def _terms(option: ShardingOption, topology: Topology, batch_size: int) -> _Terms:
@@ -160,7 +172,8 @@ def _terms(option: ShardingOption, topology: Topology, batch_size: int) -> _Term
         rows, cols = rows[[0, -1]], cols[[0, -1]]
     per_row, per_element = OPTIMIZER_STATE[table.optimizer]
     columns = TableColumns(float(table.element_bytes), float(table.pooling_factor),
-                           float(table.num_embeddings), per_row, per_element)
+                           float(table.num_embeddings), per_row, per_element,
+                           float(table.remap_bytes_per_row), float(table.remap_ns_per_id))
     terms = shard_terms(option.sharding_type, rows, cols, columns, topology, batch_size)
     terms.expand = expand
     return terms
@@ -176,6 +189,8 @@ class TableColumns:
     num_embeddings: np.ndarray | float
     state_per_row: np.ndarray | float
     state_per_element: np.ndarray | float
+    remap_bytes_per_row: np.ndarray | float = 0.0
+    remap_ns_per_id: np.ndarray | float = 0.0
 
 
 def shard_terms(sharding_type: str, rows: np.ndarray, cols: np.ndarray, table: TableColumns,
@@ -248,8 +263,18 @@ def shard_terms(sharding_type: str, rows: np.ndarray, cols: np.ndarray, table: T
     io = PIPELINE_DEPTH * (ids_bytes + 2 * out_bytes)  # ids, pooled output and its gradient
     if kind is ShardingType.DATA_PARALLEL:
         io = io + weights  # the dense gradient of the replica
+    remap_s = remap_bytes = None
+    if np.any(np.asarray(table.remap_bytes_per_row) > 0) or \
+            np.any(np.asarray(table.remap_ns_per_id) > 0):
+        # The remapper's parts sit with the rows (row-split types); where every holder has
+        # every row, one holder may hold them all: priced whole (an upper bound).
+        held = rows if kind in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE,
+                                ShardingType.TABLE_WISE) else table.num_embeddings + zeros
+        remap_bytes = held * table.remap_bytes_per_row
+        remap_s = global_batch * pooling * held / table.num_embeddings \
+            * table.remap_ns_per_id * 1e-9
     return _Terms(lookup_bytes, update_bytes, fwd_comms, bwd_comms, weights + state, io,
-                  cols, None, output_s, weights)
+                  cols, None, output_s, weights, remap_s, remap_bytes)
 
 
 def kernel_parts(kernel: str, clf: np.ndarray | float | None, terms: _Terms,
@@ -268,6 +293,8 @@ def kernel_parts(kernel: str, clf: np.ndarray | float | None, terms: _Terms,
     if terms.output_s is not None:
         fwd_compute = fwd_compute + 0.5 * terms.output_s
         bwd_compute = bwd_compute + 0.5 * terms.output_s
+    if terms.remap_s is not None:
+        fwd_compute = fwd_compute + terms.remap_s
     zeros = np.zeros_like(terms.io)
     disk = zeros
     clf_value = topology.cache_load_factor if clf is None else clf
@@ -282,6 +309,11 @@ def kernel_parts(kernel: str, clf: np.ndarray | float | None, terms: _Terms,
         hbm, ddr = terms.io, terms.weights_state
     else:
         hbm, ddr = terms.weights_state + terms.io, zeros
+    if terms.remap_bytes is not None:  # the remapper's buffers: the model's device memory
+        if topology.device == "cpu":
+            ddr = ddr + terms.remap_bytes
+        else:
+            hbm = hbm + terms.remap_bytes
     return (fwd_compute, bwd_compute, terms.fwd_comms, terms.bwd_comms, np.ceil(hbm),
             np.ceil(ddr), disk)
 

@@ -100,6 +100,10 @@ class TableSpec:
         constraints: what the user allows for this table.
         scale_bias_bytes: bytes each row carries beside its values (row-wise quantized
             serving rows: :data:`QUANT_SCALE_BIAS_BYTES`; 0 for training tables).
+        remap_bytes_per_row: a managed-collision table's remapper state per row (id -> slot
+            index, counters, waiting ids), held by the ranks holding the rows (0: none).
+        remap_ns_per_id: its training remap's time per id (nanoseconds), paid by the rank
+            remapping the id (0: none).
     """
 
     name: str
@@ -110,6 +114,8 @@ class TableSpec:
     optimizer: str = "rowwise_adagrad"
     constraints: TableConstraints = field(default_factory=TableConstraints)
     scale_bias_bytes: int = 0
+    remap_bytes_per_row: float = 0.0
+    remap_ns_per_id: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"table {self.name!r}"
@@ -124,6 +130,9 @@ class TableSpec:
         if self.scale_bias_bytes < 0:
             raise PlanError(f"scale_bias_bytes {self.scale_bias_bytes} is negative",
                             where=where)
+        if self.remap_bytes_per_row < 0 or self.remap_ns_per_id < 0:
+            raise PlanError(f"remap_bytes_per_row {self.remap_bytes_per_row} and "
+                            f"remap_ns_per_id {self.remap_ns_per_id} must be >= 0", where=where)
         if self.optimizer not in OPTIMIZER_STATE:
             raise PlanError(f"unknown optimizer {self.optimizer!r}", where=where,
                             hint=f"use one of {sorted(OPTIMIZER_STATE)}")
