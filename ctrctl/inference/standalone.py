@@ -371,6 +371,13 @@ class ServingModel:
         return {sparse[f]["name"]: int((~torch.isin(chunks[f], owned)).sum())
                 for f, owned in self.zch_keys.items()}
 
+    def zch_occupancy(self):
+        """Per managed-collision (zch) feature, the share of its table's rows (the default
+        row aside) owned by a key in this artifact."""
+        sparse = self.contract["sparse"]
+        return {sparse[f]["name"]: owned.numel() / max(int(sparse[f]["num_embeddings"]) - 1, 1)
+                for f, owned in self.zch_keys.items()}
+
     def score(self, dense, ids, lengths):
         """Click probabilities (B,) for model inputs in the contract's order.
 

@@ -18,6 +18,7 @@ Names::
     ctrctl_feature_missing_total{feature}                           counter (rate: / values)
     ctrctl_feature_oov_total{feature}                               counter (vocabulary features)
     ctrctl_zch_default_lookups_total{feature}                       counter (zch features)
+    ctrctl_zch_occupancy{feature,model_version}                     gauge (share of rows owned)
     ctrctl_log_rows_total / ctrctl_log_dropped_total                counters
     ctrctl_model_info{role,model_version}                           gauge (1 = serving)
 """
@@ -77,6 +78,10 @@ class Metrics:
         self.zch_default = Counter("ctrctl_zch_default_lookups", "Keys of a managed-"
                                    "collision feature that own no row (scored with the "
                                    "shared default row).", ["feature"], registry=r)
+        self.zch_occupancy = Gauge("ctrctl_zch_occupancy", "Share of a managed-collision "
+                                   "table's rows (the default row aside) owned by a key in "
+                                   "the serving artifact.", ["feature", "model_version"],
+                                   registry=r, multiprocess_mode="max")
         self.log_rows = Counter("ctrctl_log_rows", "Rows written to the request log.",
                                 registry=r)
         self.log_dropped = Counter("ctrctl_log_dropped", "Rows the request log dropped "

@@ -64,6 +64,9 @@ async def load_slot(source: ModelSource, version: str | None, config: ServeConfi
                                                        metrics, role)
     batcher.start()
     metrics.model_info.labels(role, resolved.version).set(1)
+    occupancy = getattr(model, "zch_occupancy", None)
+    for feature, share in (occupancy() if occupancy is not None else {}).items():
+        metrics.zch_occupancy.labels(feature, resolved.version).set(share)
     logger.info("%s model %s version %s loaded from %s", role, resolved.name,
                 resolved.version, resolved.folder)
     return Slot(role, resolved, model, batcher)

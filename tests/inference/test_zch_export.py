@@ -176,3 +176,35 @@ def test_serving_counts_default_row_lookups(exported: Exported) -> None:
     batcher._count_oov(job, (torch.empty(0), ids, lengths))
     text = metrics.render()[0].decode()
     assert f'ctrctl_zch_default_lookups_total{{feature="user"}} {float(counted["user"])}' in text
+
+
+def test_serving_reports_zch_occupancy(exported: Exported) -> None:
+    """/metrics' ctrctl_zch_occupancy: the artifact's owned rows over the table's rows, as
+    the trained remapper's statistics have it."""
+    import asyncio
+
+    from ctrctl.serving.config import ServeConfig
+    from ctrctl.serving.metrics import Metrics
+    from ctrctl.serving.models import load_slot
+    from ctrctl.serving.source import ModelSource
+
+    model, _, _ = load_model(exported.run)
+    assert model.collisions is not None
+    stats = model.collisions.stats()
+    serving = load_artifact(exported.export)
+    assert serving.zch_occupancy() == pytest.approx(
+        {name: stats[name]["occupancy"] for name in ("user", "dev")})
+    assert 0 < stats["user"]["occupancy"] <= 1.0
+    metrics = Metrics()
+
+    async def load() -> None:
+        slot = await load_slot(ModelSource.parse(str(exported.export)), None,
+                               ServeConfig(model=str(exported.export)), metrics, "primary")
+        await slot.batcher.stop()
+
+    asyncio.run(load())
+    text = metrics.render()[0].decode()
+    for name in ("user", "dev"):
+        line = next(x for x in text.splitlines()
+                    if x.startswith(f'ctrctl_zch_occupancy{{feature="{name}"'))
+        assert float(line.split()[-1]) == pytest.approx(stats[name]["occupancy"])
