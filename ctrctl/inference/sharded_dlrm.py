@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ctrctl.errors import ConfigError
-from ctrctl.modules.collisions import CollisionRemapper
+from ctrctl.modules.collision_shards import ShardedRemapper
 from ctrctl.modules.dlrm import DLRM, SparseDotInteraction
 from ctrctl.modules.interaction import DotInteraction
 from ctrctl.modules.quant_embedding import QuantEmbeddingBagCollection
@@ -80,7 +80,7 @@ class ShardedDLRM(nn.Module):
         managed = mc.table_features() if mc is not None else {}
         self.remap_positions = [position[f] for f in self.input_features if f in managed]
         self.remaps = nn.ModuleList(
-            [cast(CollisionRemapper, mc.remappers[managed[f]]).frozen()
+            [cast(ShardedRemapper, mc.remappers[managed[f]]).frozen()
              for f in self.input_features if f in managed] if mc is not None else [])
         self.dense_arch: nn.Module | None = copy.deepcopy(dlrm.dense_arch)
         self.dense_anchor = copy.deepcopy(dlrm.dense_anchor)  # None, or (D,): see DLRM
