@@ -284,6 +284,7 @@ class ManagedCollisionCollection(nn.Module):
             CheckpointError: a key of the shards held here is missing, or one names no
                 shard of this model (saved with other tables or another ``shards``).
         """
+        state = self._from_unsharded(state)
         own = self.state_dict()
         known = {f"remappers.{n}.shards.{s}." for n, m in self.remappers.items()
                  for s in range(cast(ShardedRemapper, m).config.shards)}
@@ -296,6 +297,19 @@ class ManagedCollisionCollection(nn.Module):
                 f"{missing[:3]}, unexpected {unknown[:3]})", where="ManagedCollisionCollection",
                 hint="load it into a model built from the checkpoint's own dataset and config")
         self.load_state_dict({k: state[k] for k in own})
+
+    def _from_unsharded(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A state saved before remappers had shards (``remappers.<table>.<buffer>``) as the
+        one shard of a ``shards: 1`` table; the step count then comes from that remapper."""
+        out = dict(state)
+        for name, module in self.remappers.items():
+            old = f"remappers.{name}."
+            if cast(ShardedRemapper, module).config.shards != 1 or f"{old}step" not in out:
+                continue
+            for key in [k for k in out if k.startswith(old) and ".shards." not in k]:
+                out[f"{old}shards.0.{key[len(old):]}"] = out.pop(key)
+            out.setdefault("train_steps", out[f"{old}shards.0.step"].clone())
+        return out
 
 
 def _rank(group: Any) -> int:

@@ -99,3 +99,21 @@ def test_placed_shards_answer_for_their_keys_only() -> None:
         assert torch.equal(rank0.remap(keys) + rank1.remap(keys), want)
     # Column-wise / data-parallel: every rank holds every row, shards go round the holders.
     assert shard_owners(whole.ranges, [(r, 0, 13) for r in range(2)]) == [0, 1, 0]
+
+
+def test_a_state_saved_before_shards_loads_as_one_shard() -> None:
+    from ctrctl.modules import EmbeddingBagConfig, ManagedCollisionCollection
+    from ctrctl.modules.collisions import CollisionRemapper
+
+    config = CollisionConfig(capacity=9, eviction="lru")
+    old = CollisionRemapper(config)  # what a checkpoint of an unsharded remapper held
+    old.remap(torch.tensor([5, 6, 7, 5]))
+    old.remap(torch.tensor([8]))
+    state = {f"remappers.user.{k}": v for k, v in old.state_dict().items()}
+    state["reset_seed"] = torch.tensor(3)
+    mc = ManagedCollisionCollection({"user": config}, [EmbeddingBagConfig("user", 9, 4, ["user"])])
+    mc.load_full_state_dict(state)
+    keys = torch.tensor([5, 6, 7, 8, 9])
+    assert torch.equal(mc.remappers["user"].remap(keys, update=False),
+                       old.remap(keys, update=False))
+    assert int(mc.train_steps) == 2 and int(mc.reset_seed) == 3

@@ -89,3 +89,26 @@ def test_a_dataset_without_the_time_column_is_one_clear_error(ttl_dataset: Path,
     with pytest.raises(DatasetError, match="__time") as info:
         loader(copy)
     assert "data time" in (info.value.hint or "")
+
+
+def test_a_timestamp_time_column_becomes_days_and_a_bad_time_a_bad_row(tmp_path: Path) -> None:
+    """``derive.format``: the timestamp read as days since 1970-01-01 UTC; a row whose time
+    is missing or unreadable is a bad row (a ttl table could not place it in time)."""
+    rows = ["1,14102100,aa", "0,14102112,bb", "1,,cc", "0,notatime,dd", "1,14102200,aa"]
+    raw = tmp_path / "logs.csv"
+    raw.write_text("click,hour,user\n" + "\n".join(rows) + "\n")
+    schema = Schema.from_dict({
+        "name": "stamped", "format": "csv", "header": True, "label": "click",
+        "time_column": "hour",
+        "columns": [{"name": "click", "role": "label"},
+                    {"name": "hour", "role": "ignore",
+                     "derive": {"format": "%y%m%d%H", "features": ["hour_of_day"]}},
+                    {"name": "user", "role": "sparse", "type": "string", "collision": {
+                        "kind": "zch", "capacity": 8, "eviction": "ttl", "ttl_days": 1}}]})
+    manifest = preprocess(schema, [f"train={raw}"], tmp_path / "ds", val_fraction=0.0,
+                          on_bad_rows="skip")
+    times = pq.read_table(tmp_path / "ds" / manifest.split("train").files[0],
+                          columns=[TIME_COLUMN])[TIME_COLUMN].to_pylist()
+    day = 16364.0  # 2014-10-21 is day 16,364 after 1970-01-01
+    assert times == [day, day + 0.5, day + 1.0]
+    assert manifest.bad_rows.get("bad_sparse") == 2
