@@ -5,10 +5,12 @@ training step's ids (Zipf over ``--universe`` raw keys, so ids are admitted and 
 step), and, read-only, a serving batch; the lookup is the forward of one pooled table of
 ``capacity`` rows x ``--dim`` on the same slots (the native/FBGEMM kernel the
 EmbeddingBagCollection picks). Times are per id: the median over ``--repeats`` runs of the
-median of ``--steps`` steps, and the spread (min-max) over runs.
+median of ``--steps`` steps, and the spread (min-max) over runs. ``--shards 1,8`` measures
+the remapper whole and split into 8 parts held by one process (the cost of routing keys to
+their parts; each part admits and evicts on its own).
 
 Usage:
-    python scripts/bench_zch_remap.py [--capacities 10000,100000] [--batch 16384]
+    python scripts/bench_zch_remap.py [--capacities 10000,100000] [--shards 1] [--batch 16384]
         [--dim 64] [--steps 9] [--repeats 3] [--threads 1] [--out bench-out/zch_remap.json]
 """
 
@@ -31,12 +33,14 @@ from ctrctl.modules import (
     EmbeddingBagCollection,
     EmbeddingBagConfig,
 )
+from ctrctl.modules.collision_shards import ShardedRemapper
 from ctrctl.sparse import KeyedJaggedTensor
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--capacities", default="10000,100000")
+    p.add_argument("--shards", default="1")
     p.add_argument("--universe", type=int, default=2_000_000)
     p.add_argument("--batch", type=int, default=16_384)
     p.add_argument("--dim", type=int, default=64)
@@ -54,11 +58,16 @@ def zipf_keys(rng: np.random.Generator, n: int, universe: int) -> torch.Tensor:
                             .view(np.int64))
 
 
-def measure(capacity: int, args: argparse.Namespace, seed: int) -> dict[str, float]:
+def measure(capacity: int, shards: int, args: argparse.Namespace, seed: int
+            ) -> dict[str, float]:
     rng = np.random.default_rng(seed)
-    remapper = CollisionRemapper(CollisionConfig(capacity=capacity, eviction="lru"))
+    config = CollisionConfig(capacity=capacity, eviction="lru", shards=shards)
+    remapper: CollisionRemapper | ShardedRemapper = (
+        CollisionRemapper(config) if shards == 1 else ShardedRemapper(config))
+    steps = 0
     for _ in range(max(2, 4 * capacity // args.batch)):  # warm: the table full
         remapper.remap(zipf_keys(rng, args.batch, args.universe))
+        steps += 1
     ebc = EmbeddingBagCollection([EmbeddingBagConfig("t", capacity, args.dim, ["f"])])
     train, serve, lookup = [], [], []
     for _ in range(args.steps):
@@ -66,6 +75,7 @@ def measure(capacity: int, args: argparse.Namespace, seed: int) -> dict[str, flo
         t0 = time.perf_counter()
         slots = remapper.remap(keys)
         train.append(time.perf_counter() - t0)
+        steps += 1
         remapper.remap(keys[:1], update=False)  # serving keeps one index: built before
         t0 = time.perf_counter()
         remapper.remap(keys, update=False)
@@ -79,7 +89,7 @@ def measure(capacity: int, args: argparse.Namespace, seed: int) -> dict[str, flo
     return {"remap_train_ns": statistics.median(train) * per_id,
             "remap_serve_ns": statistics.median(serve) * per_id,
             "lookup_ns": statistics.median(lookup) * per_id,
-            "evictions_per_step": remapper.stats()["evictions"] / float(remapper.step)}
+            "evictions_per_step": remapper.stats()["evictions"] / float(steps)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,13 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     report: dict[str, Any] = {"args": vars(args) | {"out": str(args.out)},
                               "load_before": Path("/proc/loadavg").read_text().split()[:3]}
-    for capacity in (int(c) for c in args.capacities.split(",")):
-        runs = [measure(capacity, args, seed) for seed in range(args.repeats)]
+    cases = [(int(c), int(s)) for c in args.capacities.split(",")
+             for s in args.shards.split(",")]
+    for capacity, shards in cases:
+        runs = [measure(capacity, shards, args, seed) for seed in range(args.repeats)]
         row = {k: {"median": statistics.median(r[k] for r in runs),
                    "min": min(r[k] for r in runs), "max": max(r[k] for r in runs)}
                for k in runs[0]}
-        report[str(capacity)] = row
-        print(f"capacity {capacity:,}: remap (train) {row['remap_train_ns']['median']:.0f} "
+        report[str(capacity) if shards == 1 else f"{capacity}/{shards}"] = row
+        print(f"capacity {capacity:,}, {shards} shard(s): remap (train) "
+              f"{row['remap_train_ns']['median']:.0f} "
               f"ns/id [{row['remap_train_ns']['min']:.0f}-{row['remap_train_ns']['max']:.0f}]"
               f", remap (serve) {row['remap_serve_ns']['median']:.0f} ns/id, lookup dim "
               f"{args.dim} {row['lookup_ns']['median']:.0f} ns/id")
