@@ -99,6 +99,8 @@ def test_placed_shards_answer_for_their_keys_only() -> None:
         assert torch.equal(rank0.remap(keys) + rank1.remap(keys), want)
     # Column-wise / data-parallel: every rank holds every row, shards go round the holders.
     assert shard_owners(whole.ranges, [(r, 0, 13) for r in range(2)]) == [0, 1, 0]
+    # Table-wise: the table's rank holds every shard.
+    assert shard_owners(whole.ranges, [(3, 0, 13)]) == [3, 3, 3]
 
 
 def test_a_state_saved_before_shards_loads_as_one_shard() -> None:
