@@ -68,9 +68,9 @@ class ScheduleConfig(_Section):
     """Day-by-day training (``ctrctl run`` with a schedule).
 
     Attributes:
-        days: one raw log per day, in time order (globs allowed: their matches are sorted
-            and each is one day). Criteo 1TB's ``day_0`` .. ``day_23`` files list as they
-            are. Empty with ``synth``: the synthetic days.
+        days: one raw log per day, in time order (globs allowed: each match is one day,
+            in natural order: ``day_2`` before ``day_10``), so Criteo 1TB's ``day_0`` ..
+            ``day_23`` files list as ``[day_*]``. Empty with ``synth``: the synthetic days.
         synth: write synthetic days into ``WORKDIR/raw-days`` and use them.
         train_window: days each model trains on: day d's model trains on days
             ``d-train_window+1 .. d``, warm-started from day d-1's model.

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import glob
 import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -87,8 +88,8 @@ def day_files(schedule: ScheduleConfig, folder: Path) -> list[Path]:
         return _synth_days(schedule, folder / "raw-days")
     files: list[Path] = []
     for item in schedule.days:
-        matches = sorted(Path(p) for p in glob.glob(item)) if glob.has_magic(item) \
-            else [Path(item)]
+        matches = sorted((Path(p) for p in glob.glob(item)), key=_natural) \
+            if glob.has_magic(item) else [Path(item)]
         missing = [str(p) for p in matches if not p.is_file()]
         if not matches or missing:
             raise ConfigError(f"schedule day {item!r} matches no file",
@@ -98,6 +99,11 @@ def day_files(schedule: ScheduleConfig, folder: Path) -> list[Path]:
         raise ConfigError(f"the schedule has {len(files)} day(s): a day's model is scored on "
                           "the next day, so at least two are needed", where="schedule.days")
     return files
+
+
+def _natural(path: Path) -> list[Any]:
+    """Sort key that puts ``day_2`` before ``day_10`` (numbers compared as numbers)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
 
 
 def _synth_days(schedule: ScheduleConfig, out: Path) -> list[Path]:

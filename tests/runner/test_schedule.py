@@ -27,11 +27,11 @@ def test_the_section_refuses_days_and_synth_together_and_a_repeated_arm() -> Non
 
 
 def test_day_files_expand_globs_in_order_and_need_two_days(tmp_path: Path) -> None:
-    for day in (2, 1, 3):
+    for day in (2, 10, 1, 3):
         (tmp_path / f"day_{day}.csv").write_text("x\n")
     schedule = ScheduleConfig.model_validate({"days": [str(tmp_path / "day_*.csv")]})
     assert [p.name for p in day_files(schedule, tmp_path)] == [
-        "day_1.csv", "day_2.csv", "day_3.csv"]
+        "day_1.csv", "day_2.csv", "day_3.csv", "day_10.csv"]
     with pytest.raises(ConfigError, match="matches no file"):
         day_files(ScheduleConfig.model_validate(
             {"days": [str(tmp_path / "day_1.csv"), str(tmp_path / "day_9.csv")]}), tmp_path)
