@@ -77,6 +77,12 @@ def test_a_worse_day_keeps_the_champion(tmp_path: Path) -> None:
     report = tmp_path / "run" / "report"
     assert {p.name for p in report.iterdir()} >= {"days.json", "days.md", "auc.png",
                                                    "ids.png", "train_seconds.png"}
+    # the schedule's MLflow run: a figure per day, the report, the champion
+    history = client.get_metric_history(result.parent_run_id, "day.auc")
+    assert sorted((m.step, m.value) for m in history) == [
+        (d["day"], d["auc"]) for d in result.days]
+    assert "report" in {a.path for a in client.list_artifacts(result.parent_run_id)}
+    assert client.get_run(result.parent_run_id).data.tags["ctrctl.schedule.champion"] == champion
 
 
 def test_a_rerun_after_a_new_day_runs_only_that_day(tmp_path: Path) -> None:
