@@ -18,7 +18,7 @@ OVERRIDES ?=
 RUN_ARGS ?=
 STEPS := synth preprocess plan train eval quantize register
 
-.PHONY: setup test test-nocc test-slow test-all test-pipeline demo pipeline $(STEPS) lint bench \
+.PHONY: setup test test-nocc test-slow test-all test-pipeline demo continual pipeline $(STEPS) lint bench \
 	bench-setup docs docs-setup docs-serve clean
 
 setup: $(STAMP)
@@ -66,6 +66,11 @@ test-all: setup
 
 demo: setup
 	$(VENV)/bin/ctrctl run pipelines/demo.yaml $(RUN_ARGS)
+
+# Seven synthetic days, each warm-started from the day before and scored on the next, with
+# a full retrain and the frozen day-1 model beside them; report in runs/continual-demo/report.
+continual: setup
+	$(VENV)/bin/ctrctl run pipelines/continual-demo.yaml $(RUN_ARGS)
 
 pipeline: setup
 	$(VENV)/bin/ctrctl run $(PIPELINE) $(OVERRIDES) $(RUN_ARGS)

@@ -51,6 +51,9 @@ def register(app: typer.Typer) -> None:
                 observer=view)
         if result.parent_run_id:
             console.print(f"MLflow parent run {result.parent_run_id}", markup=False, highlight=False)
+        report = getattr(result, "report", None)  # a schedule's per-day report
+        if report is not None:
+            console.print(f"report {report}", markup=False, highlight=False)
         if result.model_uri:
             console.print(f"model {result.model_uri}", markup=False, highlight=False)
         if not result.gates_passed:

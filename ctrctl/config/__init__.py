@@ -31,6 +31,7 @@ from ctrctl.config.loading import (
     load_config,
     parse_config,
 )
+from ctrctl.config.schedule import PromoteConfig, ScheduleConfig, ScheduleSynthConfig
 from ctrctl.config.sections import (
     DEFAULT_VAL_FRACTION,
     DataConfig,
@@ -64,9 +65,12 @@ __all__ = [
     "PipelineConfig",
     "PlanConfig",
     "PreprocessConfig",
+    "PromoteConfig",
     "QuantizeStepConfig",
     "RegisterConfig",
     "RunnerConfig",
+    "ScheduleConfig",
+    "ScheduleSynthConfig",
     "SynthConfig",
     "TableConstraintConfig",
     "TrainingConfig",

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ctrctl.config.schedule import ScheduleConfig
 from ctrctl.io import path_name_problem
 from ctrctl.names import ComputeKernel, ShardingType
 
@@ -412,6 +413,9 @@ class DataConfig(_Section):
         val_fraction: with no ``val`` input (and no ``split_ratio``), this share of the
             training rows (random, ``split_seed``) becomes the val split training stops
             early on; 0: none.
+        reuse_transforms: a dataset folder whose vocabularies and hash sizes to apply
+            (``ctrctl preprocess --reuse-transforms``; a schedule sets it to its first day
+            when that has vocabulary features).
     """
 
     schema_path: str | None = None
@@ -420,6 +424,7 @@ class DataConfig(_Section):
     split_seed: int = 0
     on_bad_rows: Literal["error", "skip"] = "error"
     val_fraction: float = Field(default=DEFAULT_VAL_FRACTION, ge=0.0, lt=1.0)
+    reuse_transforms: str | None = None
 
 
 class SynthConfig(_Section):
@@ -557,6 +562,7 @@ with warnings.catch_warnings():
         register: RegisterConfig = RegisterConfig()
         tune: TuneStepConfig = TuneStepConfig()
         runner: RunnerConfig = RunnerConfig()
+        schedule: ScheduleConfig = ScheduleConfig()
 
         def to_dict(self) -> dict[str, Any]:
             """The resolved config as plain JSON-friendly data (what MLflow and checkpoints keep)."""

@@ -152,6 +152,12 @@ def run_pipeline(
     if from_step and until_step and STEPS.index(from_step) > STEPS.index(until_step):
         raise CtrctlError(f"--from {from_step} comes after --until {until_step}")
     cfg, source = _load(config, overrides)
+    if cfg.schedule.enabled:  # day by day: one run of these steps per day
+        from ctrctl.runner.schedule import run_schedule
+
+        return run_schedule(cfg, source, workdir=workdir, from_step=from_step,
+                            until_step=until_step, force=force, tracker=tracker,
+                            tracking_uri=tracking_uri, progress=progress, observer=observer)
     check_pipeline(cfg, source)
     folder = Path(workdir or cfg.runner.workdir or Path("runs") / cfg.name)
     check_output_location(folder, option="--workdir (runner.workdir)")

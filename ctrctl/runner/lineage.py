@@ -141,5 +141,8 @@ def register(ctx: Any) -> dict[str, Any]:
         from ctrctl.runner.promotion import promote
 
         decision = promote(ctx, name, str(version))
-        summary.update({"champion": decision.promote, "champion_gain": decision.gain})
+        summary.update({"champion": decision.promote, "champion_gain": decision.gain,
+                        "candidate_score": decision.candidate,
+                        "champion_score": decision.champion,
+                        "champion_version": decision.champion_version})
     return summary

@@ -142,7 +142,17 @@ def _preprocess_inputs(ctx: Context) -> dict[str, Path]:
     for split, matches in input_paths(_raw_inputs(ctx)):
         for path in matches:
             paths[f"{split or '-'}={path}"] = path
+    if ctx.cfg.data.reuse_transforms:
+        paths["follows"] = Path(ctx.cfg.data.reuse_transforms) / "manifest.json"
     return paths
+
+
+def _preprocess_settings(ctx: Context) -> dict[str, Any]:
+    # reuse_transforms only when set, so an unchanged pipeline keeps its key
+    settings = ctx.cfg.data.model_dump(mode="json")
+    if settings.get("reuse_transforms") is None:
+        settings.pop("reuse_transforms", None)
+    return settings
 
 
 def _preprocess(ctx: Context, resume: bool) -> dict[str, Any]:
@@ -159,7 +169,7 @@ def _preprocess(ctx: Context, resume: bool) -> dict[str, Any]:
     manifest = preprocess(d.schema_path, _raw_inputs(ctx), ctx.dataset,
                           split_ratio=d.split_ratio, seed=d.split_seed,
                           on_bad_rows=d.on_bad_rows, val_fraction=d.val_fraction,
-                          overwrite=True, progress=ctx.progress,
+                          reuse_transforms=d.reuse_transforms, overwrite=True, progress=ctx.progress,
                           tracker=ctx.tracker)
     return {"rows": sum(s.rows for s in manifest.splits.values()),
             **{f"rows.{k}": v.rows for k, v in manifest.splits.items()}}
@@ -360,7 +370,7 @@ def steps() -> list[Step]:
         Step("synth", _none, lambda c: c.cfg.synth.model_dump(mode="json"),
              _paths(raw=lambda c: c.raw), _synth,
              lambda c: None if c.cfg.synth.format else "no synth.format"),
-        Step("preprocess", _preprocess_inputs, lambda c: c.cfg.data.model_dump(mode="json"),
+        Step("preprocess", _preprocess_inputs, _preprocess_settings,
              _paths(dataset=lambda c: c.dataset), _preprocess),
         Step("plan", _paths(manifest=lambda c: c.dataset / "manifest.json"), _plan_settings,
              _paths(plan=lambda c: c.plan), _plan),
