@@ -86,6 +86,10 @@ def quantize_command(
         "--dense-dtype", help="Dense layers: fp32, bf16 or int8 (int8: eager only).")] = "fp32",
     dataset: Annotated[Path | None, typer.Option(
         help="Training dataset (for vocabularies; default: the checkpoint's).")] = None,
+    index: Annotated[Path | None, typer.Option(
+        help="Two-tower checkpoints: the item index (ctrctl index) exported with the query "
+             "tower, whose tables take --dtype; the export reports the top-100 overlap "
+             "of the quantized tower with the FP32 one.")] = None,
     sign: Annotated[Path | None, typer.Option(
         "--sign", help="Key file (16+ random bytes): sign the manifest (HMAC-SHA256), so "
         "`predict --verify KEY` can require it.")] = None,
@@ -94,7 +98,10 @@ def quantize_command(
     no_track: NoTrack = False,
     experiment: Experiment = "ctrctl",
 ) -> None:
-    """Quantize a checkpoint's tables, place them on serving shards, export the model."""
+    """Quantize a checkpoint's tables, place them on serving shards, export the model.
+
+    A two-tower checkpoint (model.kind: two_tower) takes --index: its query tower is
+    exported with --dtype tables beside the item index, every file hashed."""
     from ctrctl.inference.export import quantize_to_artifact
     from ctrctl.inference.quantize import QuantizeConfig, parse_per_table
 
@@ -107,6 +114,9 @@ def quantize_command(
     if note:
         console.print(note, style="yellow")
     tracker = tracker_from(no_track, tracking_uri, experiment)
+    if index is not None:
+        _export_retrieval(checkpoint, index, out, config.dtype, dataset, overwrite, tracker)
+        return
     with locked(out, "quantize"):
         q = quantize_to_artifact(checkpoint, out, config, dataset=dataset, overwrite=overwrite,
                                  tracker=tracker, sign_key=sign)
@@ -122,6 +132,27 @@ def quantize_command(
     console.print(table)
     _render_placement(q.plan)
     console.print(f"artifact: {out}", markup=False)
+
+
+def _export_retrieval(checkpoint: Path, index: Path, out: Path, dtype: str,
+                      dataset: Path | None, overwrite: bool, tracker: Any) -> None:
+    from ctrctl.inference.retrieval import export_retrieval
+
+    with locked(out, "quantize"):
+        exported = export_retrieval(checkpoint, index, out, dtype=dtype, dataset=dataset,
+                                    overwrite=overwrite, tracker=tracker,
+                                    log_model=getattr(tracker, "enabled", False))
+    m = exported.manifest
+    table = Table(title=f"query tower: {exported.fp32_bytes:,} -> "
+                        f"{exported.quantized_bytes:,} table bytes ({dtype}), "
+                        f"{m.get('index_kind')} index of {m.get('items') or 0:,} items")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for key in ("overlap@100", "cosine", "cost_queries"):
+        if key in m:
+            table.add_row(key, f"{m[key]:.4f}" if key != "cost_queries" else f"{m[key]:,.0f}")
+    console.print(table)
+    console.print(f"retrieval export: {out}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

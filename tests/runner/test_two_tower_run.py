@@ -68,3 +68,31 @@ def test_a_ranker_pipeline_takes_no_index_step_and_gates_are_refused_for_two_tow
     with pytest.raises(ConfigError, match="eval.gates"):
         run_pipeline(PIPELINE, (*_overrides(tmp_path / "logs"), "eval.gates={auc: 0.5}"),
                      workdir=tmp_path / "tt")
+
+
+@pytest.mark.slow  # a two-tower run with MLflow tracking and registration (~40 s)
+def test_a_two_tower_run_registers_its_export_with_the_index_and_recall(tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    from ctrctl.inference.retrieval import load_retrieval
+    from ctrctl.tracking import make_tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = make_tracker(tracking_uri=uri, experiment="tt")
+    overrides = (*_overrides(tmp_path / "logs"), "register.model_name=tt-retrieval")
+    result = run_pipeline(PIPELINE, overrides, workdir=tmp_path / "w", tracker=tracker,
+                          tracking_uri=uri)
+    assert result.model_uri == "models:/tt-retrieval/1"
+    version = MlflowClient(uri).get_model_version("tt-retrieval", "1")
+    assert version.tags["ctrctl.index.kind"] == "flat"
+    assert len(version.tags["ctrctl.index.sha256"]) == 64
+    assert float(version.tags["ctrctl.eval.recall_at_100"]) == pytest.approx(
+        result.outcome("eval").summary["recall@100"])
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    local = mlflow.artifacts.download_artifacts(f"runs:/{version.run_id}/model",
+                                                dst_path=str(tmp_path / "dl"))
+    loaded = load_retrieval(local)  # the registered files verify against their manifest
+    assert loaded.index.ntotal == json.loads(
+        (tmp_path / "w" / "index" / "manifest.json").read_text())["items"]
