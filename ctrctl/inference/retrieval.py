@@ -147,6 +147,7 @@ def export_retrieval(checkpoint: str | Path, index: str | Path, out: str | Path,
     from ctrctl.data.manifest import DatasetManifest
     from ctrctl.inference.export import _vocabulary_files, input_contract
     from ctrctl.models.scoring import load_model
+    from ctrctl.models.two_tower import two_tower_of
     from ctrctl.tracking import Tracker
 
     tracker = tracker or Tracker()
@@ -174,8 +175,11 @@ def export_retrieval(checkpoint: str | Path, index: str | Path, out: str | Path,
             shutil.copyfile(index / name, stage / name)
         shutil.copyfile(index / "manifest.json", stage / "index.json")
         files = sorted([*EXPORT_FILES, *vocab.values()])
+        run_id = meta.extra.get("mlflow_run_id") or meta.extra.get("run_id")
         out_manifest = {
             "kind": EXPORT_KIND, "dtype": dtype, "checkpoint": str(meta.path),
+            "training_run_id": str(run_id) if run_id else None,
+            "item_id": two_tower_of(model).item_id,
             "checkpoint_sha256": index_manifest["checkpoint_sha256"],
             "index_kind": index_manifest.get("kind"), "items": index_manifest.get("items"),
             "bytes.fp32": fp32_bytes, "bytes.quantized": quantized_bytes, **cost,
@@ -187,14 +191,14 @@ def export_retrieval(checkpoint: str | Path, index: str | Path, out: str | Path,
         run.log_metrics({"bytes.fp32": float(fp32_bytes),
                          "bytes.quantized": float(quantized_bytes),
                          **{k: float(v) for k, v in cost.items()}})
-        run_id = getattr(run, "run_id", None)
+        quantize_run = getattr(run, "run_id", None)
     exported = ExportedRetrieval(Path(out), out_manifest, fp32_bytes, quantized_bytes)
-    if log_model and run_id:
-        logged = tracker.open(run_id)
+    if log_model and quantize_run:
+        logged = tracker.open(quantize_run)
         for name in [*files, "manifest.json"]:
             sub = str(Path("model") / Path(name).parent).rstrip("/.")
             logged.log_artifact(Path(out) / name, sub)
-        exported.model_uri = f"runs:/{run_id}/model"
+        exported.model_uri = f"runs:/{quantize_run}/model"
     logger.info("query tower: %d -> %d table bytes (%s); top-%d overlap with FP32 %.4f",
                 fp32_bytes, quantized_bytes, dtype, COST_K, cost.get(f"overlap@{COST_K}", 1.0))
     return exported
