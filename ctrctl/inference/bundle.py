@@ -44,7 +44,7 @@ from ctrctl.inference.retrieval import RetrievalModel, load_retrieval
 from ctrctl.io import file_sha256, read_json_file, staged_folder, write_json_atomic
 
 __all__ = ["BUNDLE_FILE", "BUNDLE_KIND", "Bundle", "Recommendation", "is_bundle",
-           "load_bundle", "make_bundle"]
+           "load_bundle", "load_bundle_retrieval", "make_bundle"]
 
 logger = logging.getLogger(__name__)
 
@@ -216,6 +216,17 @@ def load_bundle(folder: str | Path) -> Bundle:
     """
     from ctrctl.inference.export import load_artifact
 
+    info, retrieval = load_bundle_retrieval(folder)
+    return Bundle(Path(folder), info, retrieval, load_artifact(Path(folder) / "ranker"))
+
+
+def load_bundle_retrieval(folder: str | Path) -> tuple[dict[str, Any], RetrievalModel]:
+    """``bundle.json`` (checked against both manifests) and the retrieval stage, for a
+    server that loads the ranker (``BUNDLE/ranker``) as any export.
+
+    Raises:
+        CheckpointError: not a bundle, or a file changed since it was made.
+    """
     folder = Path(folder)
     if not is_bundle(folder):
         raise CheckpointError("not a recommendation bundle (no bundle.json)", where=str(folder),
@@ -231,6 +242,4 @@ def load_bundle(folder: str | Path) -> Bundle:
             raise CheckpointError(f"{part}/{MANIFEST} does not match its sha256 in "
                                   f"{BUNDLE_FILE}: the bundle was changed after it was made",
                                   where=str(path), hint="make the bundle again")
-    retrieval = load_retrieval(folder / "retrieval")
-    ranker = load_artifact(folder / "ranker")
-    return Bundle(folder, info, retrieval, ranker)
+    return info, load_retrieval(folder / "retrieval")
