@@ -62,3 +62,17 @@ def test_a_bad_request_is_a_4xx_naming_the_problem(served: tuple[Server, Path], 
     got, body, _ = server.post("/v1/recommend", payload)
     assert (got, body["error"]) == (status, error), body
     assert body.get("field") == field and body["message"]
+
+
+def test_loadgen_drives_recommend_and_checks_every_answer(served: tuple[Server, Path]) -> None:
+    from ctrctl.serving.loadtest import RequestSet, recommend_queries, run_point
+
+    server, bundle = served
+    root = bundle.parent
+    queries = recommend_queries(bundle, root / "ctr.tsv")
+    assert len(queries) == 300 and set(queries[0]) == {"user"}  # one per user
+    requests = RequestSet.recommend(queries, k=5, candidates=50, count=32)
+    point = run_point(server.url, requests, rate=20.0, duration_s=1.5, protocol="recommend",
+                      threads=4)
+    assert point.errors == 0 and point.shed == 0 and point.ok == point.requests >= 20
+    assert point.rows_per_s > 0 and point.p99_ms > 0
