@@ -94,12 +94,12 @@ def resolve_bundle(model: str, tracking_uri: str | None = None,
         return model, None
     if (entry.tags or {}).get("ctrctl.kind") != BUNDLE_KIND:
         return model, None
-    folder = _download(name, str(entry.version), tracking_uri, cache_dir)
+    folder = _download(name, str(entry.version), str(entry.run_id), tracking_uri, cache_dir)
     return str(folder / "ranker"), str(folder)
 
 
-def _download(name: str, version: str, tracking_uri: str | None, cache_dir: str | None
-              ) -> Path:
+def _download(name: str, version: str, run_id: str, tracking_uri: str | None,
+              cache_dir: str | None) -> Path:
     import mlflow.artifacts
 
     base = Path(cache_dir) if cache_dir else (
@@ -110,7 +110,9 @@ def _download(name: str, version: str, tracking_uri: str | None, cache_dir: str 
     final.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=final.parent))
     try:
-        mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}",
+        # the run's "model" (a bundle is registered from runs:/RUN/model): a runs:/ URI
+        # resolves through the tracking URI given here, a models:/ one through the global one
+        mlflow.artifacts.download_artifacts(artifact_uri=f"runs:/{run_id}/model",
                                             dst_path=str(stage), tracking_uri=tracking_uri)
         found = [p.parent for p in stage.rglob(BUNDLE_FILE)]
         if not found:

@@ -104,3 +104,20 @@ def test_a_registered_bundle_carries_both_models_lineage_and_loads(bundle: Path,
     local = mlflow.artifacts.download_artifacts(f"runs:/{version.run_id}/model",
                                                 dst_path=str(tmp_path / "dl"))
     assert len(load_bundle(local).recommend({"user": "5"}, k=2, candidates=10).items) == 2
+
+
+def test_a_registered_bundle_is_resolved_for_serving(bundle: Path, tmp_path: Path) -> None:
+    from ctrctl.inference.standalone import verify
+    from ctrctl.serving.recommend import resolve_bundle
+    from ctrctl.tracking import make_tracker
+
+    root = bundle.parent
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    make_bundle(root / "retrieval", root / "ranker", tmp_path / "b",
+                tracker=make_tracker(tracking_uri=uri, experiment="b"), register="rec")
+    ranker, folder = resolve_bundle("models:/rec/1", uri, str(tmp_path / "cache"))
+    assert folder is not None and Path(ranker) == Path(folder) / "ranker"
+    verify(ranker)
+    assert load_bundle(folder).info == json.loads((bundle / "bundle.json").read_text())
+    assert resolve_bundle(str(bundle)) == (str(bundle / "ranker"), str(bundle))
+    assert resolve_bundle(str(root / "ranker")) == (str(root / "ranker"), None)
