@@ -68,6 +68,12 @@ def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def mlflow_key(name: str) -> str:
+    """A metric or tag name as MLflow accepts it: ``@`` (``recall@100``, which MLflow
+    refuses) becomes ``_at_`` (``recall_at_100``); other names pass unchanged."""
+    return name.replace("@", "_at_")
+
+
 class Run:
     """What a step logs to; the no-op base class logs nothing."""
 
@@ -265,7 +271,7 @@ class MlflowRun(Run):
 
         now = self._timestamp()
         batch = [
-            Metric(k, float(v), now, step or 0)
+            Metric(mlflow_key(k), float(v), now, step or 0)
             for k, v in _flatten(metrics).items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)
         ]
@@ -307,7 +313,8 @@ class MlflowRun(Run):
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         for key, value in tags.items():
-            self._send(functools.partial(self._client.set_tag, self.run_id, key, str(value)))
+            self._send(functools.partial(self._client.set_tag, self.run_id, mlflow_key(key),
+                                         str(value)))
 
     def log_dataset(self, dataset: DatasetRef, context: str) -> None:
         from mlflow.entities import Dataset, DatasetInput, InputTag
@@ -407,7 +414,8 @@ class MlflowTracker(Tracker):
             mlflow.set_tracking_uri(self.tracking_uri)
         # A tracking server accepts a models:/<id> source only with its model_id beside it.
         version = client.create_model_version(name, source, run_id=run_id,
-                                              tags={k: str(v) for k, v in tags.items()},
+                                              tags={mlflow_key(k): str(v)
+                                                    for k, v in tags.items()},
                                               **({"model_id": model_id} if model_id else {}))
         if alias:
             client.set_registered_model_alias(name, alias, version.version)

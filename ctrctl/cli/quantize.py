@@ -18,6 +18,7 @@ from ctrctl.cli.common import (
     locked,
     tracker_from,
 )
+from ctrctl.errors import ConfigError
 
 
 def bf16_dense_note(dense_dtype: str) -> str | None:
@@ -86,6 +87,20 @@ def quantize_command(
         "--dense-dtype", help="Dense layers: fp32, bf16 or int8 (int8: eager only).")] = "fp32",
     dataset: Annotated[Path | None, typer.Option(
         help="Training dataset (for vocabularies; default: the checkpoint's).")] = None,
+    index: Annotated[Path | None, typer.Option(
+        help="Two-tower checkpoints: the item index (ctrctl index) exported with the query "
+             "tower, whose tables take --dtype; the export reports the top-100 overlap "
+             "of the quantized tower with the FP32 one.")] = None,
+    ranker: Annotated[Path | None, typer.Option(
+        help="With --index: a ranker export (ctrctl quantize of a DLRM) bundled with the "
+             "retrieval export into --out: one folder for `ctrctl serve` (POST "
+             "/v1/recommend), hashed, with lineage to both training runs.")] = None,
+    item_feature: Annotated[str | None, typer.Option(
+        help="With --ranker: the ranker's column that takes the retrieved item id "
+             "(default: the two-tower model's item id feature).")] = None,
+    register_as: Annotated[str | None, typer.Option(
+        help="With --ranker and tracking: register the bundle as a new version of this "
+             "model name.")] = None,
     sign: Annotated[Path | None, typer.Option(
         "--sign", help="Key file (16+ random bytes): sign the manifest (HMAC-SHA256), so "
         "`predict --verify KEY` can require it.")] = None,
@@ -94,7 +109,12 @@ def quantize_command(
     no_track: NoTrack = False,
     experiment: Experiment = "ctrctl",
 ) -> None:
-    """Quantize a checkpoint's tables, place them on serving shards, export the model."""
+    """Quantize a checkpoint's tables, place them on serving shards, export the model.
+
+    A two-tower checkpoint (model.kind: two_tower) takes --index: its query tower is
+    exported with --dtype tables beside the item index, every file hashed; with --ranker,
+    the two exports become one bundle that `ctrctl serve` answers POST /v1/recommend
+    from."""
     from ctrctl.inference.export import quantize_to_artifact
     from ctrctl.inference.quantize import QuantizeConfig, parse_per_table
 
@@ -107,6 +127,17 @@ def quantize_command(
     if note:
         console.print(note, style="yellow")
     tracker = tracker_from(no_track, tracking_uri, experiment)
+    if index is not None:
+        if ranker is not None:
+            _bundle(checkpoint, index, ranker, out, config.dtype, dataset, overwrite, tracker,
+                    item_feature, register_as)
+        else:
+            _export_retrieval(checkpoint, index, out, config.dtype, dataset, overwrite,
+                              tracker)
+        return
+    if ranker is not None:
+        raise ConfigError("--ranker bundles a two-tower export: it needs --index",
+                          where="--ranker", hint="pass the two-tower checkpoint's --index")
     with locked(out, "quantize"):
         q = quantize_to_artifact(checkpoint, out, config, dataset=dataset, overwrite=overwrite,
                                  tracker=tracker, sign_key=sign)
@@ -122,6 +153,50 @@ def quantize_command(
     console.print(table)
     _render_placement(q.plan)
     console.print(f"artifact: {out}", markup=False)
+
+
+def _export_retrieval(checkpoint: Path, index: Path, out: Path, dtype: str,
+                      dataset: Path | None, overwrite: bool, tracker: Any) -> None:
+    from ctrctl.inference.retrieval import export_retrieval
+
+    with locked(out, "quantize"):
+        exported = export_retrieval(checkpoint, index, out, dtype=dtype, dataset=dataset,
+                                    overwrite=overwrite, tracker=tracker,
+                                    log_model=getattr(tracker, "enabled", False))
+    m = exported.manifest
+    table = Table(title=f"query tower: {exported.fp32_bytes:,} -> "
+                        f"{exported.quantized_bytes:,} table bytes ({dtype}), "
+                        f"{m.get('index_kind')} index of {m.get('items') or 0:,} items")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for key in ("overlap@100", "cosine", "cost_queries"):
+        if key in m:
+            table.add_row(key, f"{m[key]:.4f}" if key != "cost_queries" else f"{m[key]:,.0f}")
+    console.print(table)
+    console.print(f"retrieval export: {out}", markup=False)
+
+
+def _bundle(checkpoint: Path, index: Path, ranker: Path, out: Path, dtype: str,
+            dataset: Path | None, overwrite: bool, tracker: Any, item_feature: str | None,
+            register_as: str | None) -> None:
+    import tempfile
+
+    from ctrctl.inference.bundle import make_bundle
+    from ctrctl.inference.retrieval import export_retrieval
+
+    with locked(out, "quantize"):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".retrieval-", dir=out.parent) as tmp:
+            export_retrieval(checkpoint, index, Path(tmp) / "retrieval", dtype=dtype,
+                             dataset=dataset, tracker=tracker)
+            info = make_bundle(Path(tmp) / "retrieval", ranker, out,
+                               item_feature=item_feature, overwrite=overwrite,
+                               tracker=tracker, register=register_as)
+    console.print(f"bundle: {out} (retrieval: {info['retrieval']['index_kind']} index of "
+                  f"{info['retrieval']['items'] or 0:,} items; ranker reads the item id as "
+                  f"{info['item_feature']!r})", markup=False)
+    if info.get("model_uri"):
+        console.print(f"registered: {info['model_uri']}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -10,7 +10,8 @@ import typer
 
 def serve_command(
     model: Annotated[str, typer.Argument(
-        help="Export folder, models:/NAME@ALIAS or models:/NAME/VERSION.")],
+        help="Export folder, models:/NAME@ALIAS or models:/NAME/VERSION; a recommendation "
+             "bundle (ctrctl quantize --index --ranker) also answers POST /v1/recommend.")],
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
     workers: Annotated[int | None, typer.Option(
@@ -45,9 +46,11 @@ def serve_command(
     from ctrctl.cli.common import console
     from ctrctl.serving import ServeConfig, serve
     from ctrctl.serving.config import default_workers
+    from ctrctl.serving.recommend import recommend_config
 
     config = ServeConfig(
-        model=model, host=host, port=port, workers=workers or default_workers(),
+        **recommend_config(model, tracking_uri, str(cache_dir) if cache_dir else None),
+        host=host, port=port, workers=workers or default_workers(),
         max_batch_rows=max_batch_rows, max_wait_ms=max_wait_ms, timeout_ms=timeout_ms,
         max_rows_per_request=max_rows_per_request, max_queue_rows=max_queue_rows,
         log_dir=str(log_dir) if log_dir else None, canary=canary,

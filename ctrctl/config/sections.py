@@ -19,6 +19,7 @@ __all__ = [
     "EarlyStoppingConfig",
     "EmbeddingOptimizerSection",
     "EvalConfig",
+    "IndexStepConfig",
     "ModelConfig",
     "PipelineConfig",
     "PlanConfig",
@@ -465,6 +466,22 @@ class QuantizeStepConfig(_Section):
     request_size: int | None = Field(default=None, ge=1)
 
 
+class IndexStepConfig(_Section):
+    """The item index ``ctrctl run`` builds for a two-tower model (``ctrctl index``).
+
+    Attributes:
+        kind: ``flat`` (exact), ``sq8`` (INT8 codes), ``ivf``, ``hnsw`` or ``ivfpq`` (PQ
+            codes); see :mod:`ctrctl.retrieval.index`.
+        params: parameters over the defaults that fit the item count (``nlist``,
+            ``nprobe``, ``M``, ``efSearch``, ...).
+        k: the cut-off of the index's recall against exact search.
+    """
+
+    kind: Literal["flat", "sq8", "ivf", "hnsw", "ivfpq"] = "hnsw"
+    params: dict[str, int] = Field(default_factory=dict)
+    k: int = Field(default=100, ge=1)
+
+
 class RegisterConfig(_Section):
     """Where ``ctrctl run`` registers the quantized model.
 
@@ -558,6 +575,7 @@ with warnings.catch_warnings():
         eval: EvalConfig = EvalConfig()
         data: DataConfig = DataConfig()
         synth: SynthConfig = SynthConfig()
+        index: IndexStepConfig = IndexStepConfig()
         quantize: QuantizeStepConfig = QuantizeStepConfig()
         register: RegisterConfig = RegisterConfig()
         tune: TuneStepConfig = TuneStepConfig()

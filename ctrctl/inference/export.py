@@ -475,11 +475,11 @@ def quantize_to_artifact(checkpoint: str | Path, out: str | Path, config: Any, *
     refuse_output_over_inputs(out, [checkpoint, dataset])
     kind = (ckpt.read_metadata(checkpoint).config or {}).get("model", {}).get("kind")
     if kind == "two_tower":
-        raise ConfigError("ctrctl quantize exports rankers (DLRM); this checkpoint holds a "
-                          "two-tower retrieval model", where=str(checkpoint),
+        raise ConfigError("this checkpoint holds a two-tower retrieval model: its export "
+                          "is the query tower with the item index", where=str(checkpoint),
                           hint="index its items with ctrctl index --checkpoint "
                                f"{checkpoint} --out INDEX (--kind sq8 or ivfpq: INT8 or PQ "
-                               "codes)")
+                               "codes), then ctrctl quantize --index INDEX")
     if out.exists() and not overwrite:
         raise OutputExistsError("the export folder already exists", where=str(out),
                                 hint="pass --overwrite to replace it")

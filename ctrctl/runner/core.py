@@ -28,8 +28,10 @@ logger = logging.getLogger(__name__)
 GATE_FAILED_EXIT = 3
 #: The figure each step's line and the summary table show.
 KEY_METRICS = {"synth": "rows", "preprocess": "rows", "plan": "world_size",
-               "tune": "best", "train": "val.auc", "eval": "auc", "quantize": "bytes.ratio",
-               "register": "model_uri"}
+               "tune": "best", "train": "val.auc", "index": "recall@100", "eval": "auc",
+               "quantize": "bytes.ratio", "register": "model_uri"}
+#: A two-tower pipeline's figure where the ranker's is absent.
+RETRIEVAL_KEY_METRICS = {"train": "val.recall@100", "eval": "recall@100"}
 
 
 @dataclass
@@ -56,6 +58,8 @@ class StepOutcome:
     def key_metric(self) -> tuple[str, Any] | None:
         """The step's headline figure (``KEY_METRICS``), when it reported one."""
         key = KEY_METRICS.get(self.name)
+        if key and self.summary.get(key) is None:
+            key = RETRIEVAL_KEY_METRICS.get(self.name, key)
         value = self.summary.get(key) if key else None
         return (key, value) if key and value is not None else None
 
@@ -120,7 +124,8 @@ def run_pipeline(
     progress: Progress | None = None,
     observer: RunObserver | None = None,
 ) -> RunResult:
-    """Run a pipeline's steps (synth, preprocess, plan, train, eval, quantize, register).
+    """Run a pipeline's steps (synth, preprocess, plan, tune, train, index, eval, quantize,
+    register).
 
     The whole config is checked first (:func:`ctrctl.runner.validate.check_pipeline`). Each
     step whose inputs (content hashes) and settings are unchanged since it last completed,

@@ -100,7 +100,12 @@ def registry_tags(ctx: Any) -> dict[str, str]:
     tags["ctrctl.dataset.digest"] = tags.get("ctrctl.dataset.train.sha256", "")
     tags.update(parent_tags(ctx.checkpoint()))
     evaluated = ctx.summaries.get("eval", {})
-    for key in ("auc", "logloss", "ne", "calibration", "ece", "pr_auc", "rows"):
+    if (ctx.index / "manifest.json").is_file():  # a two-tower pipeline's item index
+        tags["ctrctl.index.sha256"] = tree_sha256(ctx.index)
+        tags["ctrctl.index.kind"] = str(json.loads(
+            (ctx.index / "manifest.json").read_text()).get("kind", ""))
+    for key in ("auc", "logloss", "ne", "calibration", "ece", "pr_auc", "rows", "recall@100",
+                "index.recall@100", "popularity.recall@100", "bpr.recall@100"):
         if evaluated.get(key) is not None:
             tags[f"ctrctl.eval.{key}"] = repr(evaluated[key])
     tags["ctrctl.eval.split"] = ctx.cfg.runner.eval_split

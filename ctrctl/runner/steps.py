@@ -8,6 +8,7 @@ the next step's inputs, all under one working folder::
     plan.json     plan
     tune/         tune (with tune.trials > 0): study.db, best.yaml, best/, trials.parquet
     train/        train: checkpoints/, metrics.json, config.json
+    index/        index (two-tower pipelines): the item index (:mod:`ctrctl.runner.retrieval_steps`)
     eval/         eval: metrics.json, gates.json, plots
     export/       quantize: the quantized model (and its MLflow pyfunc model in the run)
 """
@@ -24,12 +25,13 @@ from typing import Any
 from ctrctl.config import PipelineConfig
 from ctrctl.errors import CtrctlError
 from ctrctl.progress import Progress
+from ctrctl.runner import retrieval_steps
 from ctrctl.runner.validate import input_paths, quantize_config
 from ctrctl.tracking import Tracker
 
 logger = logging.getLogger(__name__)
 
-STEPS: tuple[str, ...] = ("synth", "preprocess", "plan", "tune", "train", "eval",
+STEPS: tuple[str, ...] = ("synth", "preprocess", "plan", "tune", "train", "index", "eval",
                           "quantize", "register")
 
 
@@ -78,6 +80,10 @@ class Context:
         return self.cfg.model_copy(update={
             "model": best.model, "embedding_optimizer": best.embedding_optimizer,
             "dense_optimizer": best.dense_optimizer, "training": best.training})
+
+    @property
+    def index(self) -> Path:
+        return self.workdir / "index"
 
     @property
     def eval(self) -> Path:
@@ -295,6 +301,9 @@ def _eval(ctx: Context, resume: bool) -> dict[str, Any]:
     from ctrctl.evaluation.evaluate import evaluate
     from ctrctl.evaluation.gates import gates_from_mapping
 
+    if retrieval_steps.is_two_tower(ctx.cfg):
+        return retrieval_steps.run_retrieval_eval(ctx)
+
     result = evaluate(ctx.eval, checkpoint=ctx.train, dataset=ctx.dataset,
                       split=ctx.cfg.runner.eval_split,
                       gates=gates_from_mapping(ctx.cfg.eval.gates), overwrite=True,
@@ -332,6 +341,8 @@ def quantize_settings(cfg: PipelineConfig) -> dict[str, Any]:
 def _quantize(ctx: Context, resume: bool) -> dict[str, Any]:
     from ctrctl.inference.export import quantize_to_artifact
 
+    if retrieval_steps.is_two_tower(ctx.cfg):
+        return retrieval_steps.run_retrieval_export(ctx)
     config = quantize_config(ctx.cfg)
     quantized = quantize_to_artifact(ctx.train, ctx.export, config, dataset=ctx.dataset,
                                      overwrite=True, tracker=ctx.tracker,
@@ -356,6 +367,14 @@ def _register(ctx: Context, resume: bool) -> dict[str, Any]:
     return register(ctx)
 
 
+def _eval_inputs(ctx: Context) -> dict[str, Path]:
+    """The dataset and the checkpoint, and a two-tower pipeline's index."""
+    paths = {"dataset": ctx.dataset, "checkpoint": ctx.checkpoint()}
+    if retrieval_steps.is_two_tower(ctx.cfg):
+        paths["index"] = ctx.index
+    return paths
+
+
 def _paths(**paths: Callable[[Context], Path]) -> Callable[[Context], dict[str, Path]]:
     return lambda ctx: {label: fn(ctx) for label, fn in paths.items()}
 
@@ -378,11 +397,14 @@ def steps() -> list[Step]:
              _paths(best=lambda c: c.tune / "best.yaml"), _tune, _no_tune),
         Step("train", _train_inputs, _train_settings, _paths(checkpoint=Context.checkpoint),
              _train),
-        Step("eval", _paths(dataset=lambda c: c.dataset, checkpoint=Context.checkpoint),
+        Step("index", _paths(dataset=lambda c: c.dataset, checkpoint=Context.checkpoint),
+             retrieval_steps.index_settings, _paths(index=lambda c: c.index),
+             retrieval_steps.run_index, retrieval_steps.no_index),
+        Step("eval", _eval_inputs,
              lambda c: {"eval": c.cfg.eval.model_dump(mode="json"),
                         "split": c.cfg.runner.eval_split},
              _paths(eval=lambda c: c.eval), _eval),
-        Step("quantize", _paths(dataset=lambda c: c.dataset, checkpoint=Context.checkpoint),
+        Step("quantize", _eval_inputs,
              lambda c: quantize_settings(c.cfg), _paths(export=lambda c: c.export), _quantize,
              _no_quantize),
         Step("register", _paths(export=lambda c: c.export, eval=lambda c: c.eval),

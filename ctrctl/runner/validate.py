@@ -61,6 +61,9 @@ def check_pipeline(cfg: PipelineConfig, source: str | None) -> None:
     _check_inputs(cfg, source)
     _check_schema(cfg, source)
     _check_gates(cfg, source)
+    from ctrctl.runner.retrieval_steps import check_retrieval_pipeline
+
+    check_retrieval_pipeline(cfg, _where(source, "eval", "gates"))
     world = cfg.plan.world_size
     if world > cfg.runner.nproc_per_node:
         raise ConfigError(

@@ -261,6 +261,9 @@ def create_app(config: ServeConfig) -> FastAPI:
         out["canary_percent"] = state.router.canary_percent
         return JSONResponse(out)
 
+    from ctrctl.serving.recommend import install
+
+    install(app, state)  # POST /v1/recommend when MODEL is a bundle
     return app
 
 

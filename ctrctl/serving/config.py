@@ -36,6 +36,8 @@ class ServeConfig:
         threads: torch threads per worker (None: cores / workers).
         verify_key: a key file: every model served must carry a signature made with it
             (``ctrctl quantize --sign``); None: no signature needed.
+        bundle: a recommendation bundle whose ranker is ``model``: adds POST /v1/recommend
+            (:mod:`ctrctl.serving.recommend`).
     """
 
     model: str
@@ -55,6 +57,7 @@ class ServeConfig:
     cache_dir: str | None = None
     threads: int | None = None
     verify_key: str | None = None
+    bundle: str | None = None
 
     def __post_init__(self) -> None:
         checks = [

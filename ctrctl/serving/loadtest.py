@@ -7,8 +7,10 @@ connections and LoadGen is told of each completion. Latency is measured per requ
 the moment LoadGen issued it to the last byte of the answer, and every answer is checked:
 a 200 must hold one score per row; a 503 counts as shed, anything else as an error.
 
-Two protocols: ``ctrctl`` (``POST /v1/score {"rows": [...]}``) and ``mlflow``
-(``POST /invocations {"dataframe_records": [...]}``, what ``mlflow models serve`` takes).
+Three protocols: ``ctrctl`` (``POST /v1/score {"rows": [...]}``), ``mlflow``
+(``POST /invocations {"dataframe_records": [...]}``, what ``mlflow models serve`` takes) and
+``recommend`` (``POST /v1/recommend {"query": {...}, "k": N, "candidates": K}`` of a served
+bundle: each request's "rows" are the N items it returns).
 
 Example:
     >>> rows = read_raw_rows("export", "test.tsv", limit=20_000)
@@ -72,6 +74,22 @@ def read_raw_rows(export: str | Path, raw: str | Path, limit: int = 50_000
     return [{k: v for k, v in row.items() if v is not None} for row in rows]
 
 
+#: The path each protocol posts to.
+PATHS = {"ctrctl": "/v1/score", "mlflow": "/invocations", "recommend": "/v1/recommend"}
+
+
+def recommend_queries(bundle: str | Path, raw: str | Path, limit: int = 50_000
+                      ) -> list[dict[str, str]]:
+    """Distinct queries (the bundle's query columns) of a log file in its ranker's schema."""
+    bundle = Path(bundle)
+    columns = json.loads((bundle / "bundle.json").read_text())["query_columns"]
+    seen: dict[tuple[Any, ...], dict[str, str]] = {}
+    for row in read_raw_rows(bundle / "ranker", raw, limit):
+        query = {c: row[c] for c in columns if c in row}
+        seen.setdefault(tuple(sorted(query.items())), query)
+    return list(seen.values())
+
+
 @dataclass
 class RequestSet:
     """Request bodies, encoded once before the test (the client's cost stays small)."""
@@ -96,6 +114,16 @@ class RequestSet:
             bodies.append(json.dumps({key: picked}).encode())
             lengths.append(size)
         return cls(bodies, lengths)
+
+    @classmethod
+    def recommend(cls, queries: list[dict[str, str]], k: int, candidates: int,
+                  count: int = 256, seed: int = 0) -> RequestSet:
+        """``count`` ``/v1/recommend`` requests of queries drawn from ``queries``."""
+        rng = np.random.default_rng(seed + 1)
+        picked = rng.integers(0, len(queries), size=count).tolist()
+        bodies = [json.dumps({"query": queries[i], "k": k, "candidates": candidates}).encode()
+                  for i in picked]
+        return cls(bodies, [k] * count)
 
 
 @dataclass
@@ -185,7 +213,7 @@ def run_point(url: str, requests: RequestSet, rate: float, duration_s: float, *,
     """One LoadGen Server-scenario run at ``rate`` queries per second for ``duration_s``."""
     import mlperf_loadgen as lg
 
-    path = "/v1/score" if protocol == "ctrctl" else "/invocations"
+    path = PATHS[protocol]
     client = _Client(url, path, threads, timeout_s)
     lock = threading.Lock()
     latencies: list[float] = []

@@ -129,7 +129,7 @@ def test_a_real_run_reports_each_step_then_skips_them(tmp_path: Path) -> None:
     assert first.events == [
         ("synth", "running"), ("synth", "ran"), ("preprocess", "running"),
         ("preprocess", "ran"), ("plan", "running"), ("plan", "ran"), ("tune", "outside"),
-        ("train", "outside"), ("eval", "outside"), ("quantize", "outside"),
+        ("train", "outside"), ("index", "outside"), ("eval", "outside"), ("quantize", "outside"),
         ("register", "outside")]
     rows = _rows(Console(file=io.StringIO(), width=160, record=True), first)
     assert rows["preprocess"][:2] == ["preprocess", "done"]

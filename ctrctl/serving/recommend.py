@@ -1,0 +1,246 @@
+"""``POST /v1/recommend``: retrieve then rank, when ``ctrctl serve`` is given a bundle.
+
+::
+
+    POST /v1/recommend  {"query": {"user": "196"}, "k": 10, "candidates": 200}
+      -> {"items": [...], "scores": [...], "retrieval_scores": [...], "candidates": 200,
+          "model": {"name", "version", "uri"}, "request_id": ...}
+
+A bundle (``ctrctl quantize --index INDEX --ranker RANKER --out BUNDLE``,
+:mod:`ctrctl.inference.bundle`) holds a retrieval export and a ranker export. The server
+serves the ranker as any export (``/v1/score`` and ``/v1/rank`` stay), and this endpoint:
+the query tower embeds the query, the index returns the top ``candidates`` items, the ranker
+scores them through the same batcher as ``/v1/rank`` (the query as context, encoded once;
+the item id as the ranker's item column), and the best ``k`` come back, best first, with
+the ranker's click probabilities (``scores``) and the index's cosines.
+
+A body that is not JSON is a 400; a missing or unknown field, a value of the wrong type,
+``k`` above ``candidates``, an unknown query feature or a query without any of the query
+tower's features is a 422 naming the field; ``candidates`` above
+``--max-rows-per-request`` a 413.
+
+MODEL may be a bundle folder or a registered bundle (``models:/NAME/VERSION`` or
+``@ALIAS``, tagged ``ctrctl.kind: recommend_bundle``): a registered one is downloaded once
+into the cache and served at the version it named at start.
+
+Example:
+    >>> model, bundle = resolve_bundle("bundle")          # ("bundle/ranker", "bundle")
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ctrctl.errors import ConfigError, TrackingError
+from ctrctl.inference.bundle import (
+    BUNDLE_FILE,
+    BUNDLE_KIND,
+    Bundle,
+    is_bundle,
+    load_bundle_retrieval,
+    top_k,
+)
+from ctrctl.serving import model_api
+from ctrctl.serving.batcher import Overloaded
+from ctrctl.serving.requests import EXPECTED_VALUE, ClientError, Value
+
+if TYPE_CHECKING:
+    from ctrctl.serving.app import ServerState
+
+__all__ = ["RecommendRequest", "install", "resolve_bundle"]
+
+logger = logging.getLogger(__name__)
+
+_REGISTRY = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
+
+
+class RecommendRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    query: dict[str, Value] = Field(min_length=1)
+    k: int = Field(default=10, ge=1)
+    candidates: int = Field(default=200, ge=1)
+
+
+def resolve_bundle(model: str, tracking_uri: str | None = None,
+                   cache_dir: str | None = None) -> tuple[str, str | None]:
+    """(the ranker to serve, the bundle folder) for MODEL; (MODEL, None) when it is not a
+    bundle. A registered bundle is downloaded into ``cache_dir`` first."""
+    if not model.startswith("models:/"):
+        return (str(Path(model) / "ranker"), model) if is_bundle(model) else (model, None)
+    match = _REGISTRY.match(model)
+    if match is None:
+        return model, None
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    name = match["name"]
+    try:
+        entry = (client.get_model_version_by_alias(name, match["alias"]) if match["alias"]
+                 else client.get_model_version(name, match["version"]))
+    except Exception:  # the ranker's own loader names what is wrong with the URI
+        return model, None
+    if (entry.tags or {}).get("ctrctl.kind") != BUNDLE_KIND:
+        return model, None
+    folder = _download(name, str(entry.version), str(entry.run_id), tracking_uri, cache_dir)
+    return str(folder / "ranker"), str(folder)
+
+
+def _download(name: str, version: str, run_id: str, tracking_uri: str | None,
+              cache_dir: str | None) -> Path:
+    import mlflow.artifacts
+
+    base = Path(cache_dir) if cache_dir else (
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ctrctl" / "models")
+    final = base / f"{name}-bundle" / version
+    if is_bundle(final):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=final.parent))
+    try:
+        # the run's "model" (a bundle is registered from runs:/RUN/model): a runs:/ URI
+        # resolves through the tracking URI given here, a models:/ one through the global one
+        mlflow.artifacts.download_artifacts(artifact_uri=f"runs:/{run_id}/model",
+                                            dst_path=str(stage), tracking_uri=tracking_uri)
+        found = [p.parent for p in stage.rglob(BUNDLE_FILE)]
+        if not found:
+            raise TrackingError(f"version {version} of {name} holds no {BUNDLE_FILE}",
+                                where=f"models:/{name}/{version}")
+        try:
+            os.replace(found[0], final)
+        except OSError:  # another worker got there first
+            if not is_bundle(final):
+                raise
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return final
+
+
+def install(app: FastAPI, state: ServerState) -> None:
+    """Add ``POST /v1/recommend`` to ``app`` when the server's config names a bundle."""
+    folder = getattr(state.config, "bundle", None)
+    if not folder:
+        return
+    info, retrieval = load_bundle_retrieval(folder)
+    bundle = Bundle(Path(folder), info, retrieval, None)
+    known = set(bundle.query_columns) | set(bundle.context_columns)
+
+    @app.post("/v1/recommend")
+    async def recommend(request: Request) -> Response:
+        started = time.perf_counter()
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        version = "none"
+        try:
+            if state.router is None:
+                raise Overloaded("not_ready", 1.0)
+            body = _parse(await request.body(), state.config.max_rows_per_request, known,
+                          bundle.query_columns)
+            deadline = time.monotonic() + state.config.timeout_ms / 1000.0
+            try:
+                items, cosines = bundle.retrieve(body.query, body.candidates)
+            except model_api.InputError as exc:
+                raise _value_error(exc) from None
+            except ValueError as exc:  # the query tower's encoder (EncodeError)
+                raise _value_error(exc) from None
+            columns, context = bundle.ranker_columns(body.query, items)
+            try:
+                scores, slot = await state.score(request_id, columns, len(items), deadline,
+                                                 context)
+            except model_api.InputError as exc:
+                raise _value_error(exc) from None
+            version = slot.version
+            answer = top_k(items, scores, cosines, body.k)
+            payload = {**answer.to_dict(), "model": slot.resolved.info(),
+                       "request_id": request_id}
+            response: Response = Response(json.dumps(payload).encode(),
+                                          media_type="application/json",
+                                          headers={"X-Request-Id": request_id,
+                                                   "X-Model-Version": version})
+        except ClientError as exc:
+            response = JSONResponse(exc.body, status_code=exc.status,
+                                    headers={**exc.headers, "X-Request-Id": request_id})
+        except Overloaded as exc:
+            state.metrics.shed.labels(exc.reason).inc()
+            response = JSONResponse(
+                {"error": "overloaded" if exc.reason != "not_ready" else "not_ready",
+                 "message": f"request refused ({exc.reason.replace('_', ' ')}): retry later"},
+                status_code=503, headers={"Retry-After": str(max(1, round(exc.retry_after_s))),
+                                          "X-Request-Id": request_id})
+        status = str(response.status_code)
+        state.metrics.duration.labels("recommend", status, version).observe(
+            time.perf_counter() - started)
+        state.metrics.requests.labels("recommend", status, version).inc()
+        return response
+
+
+def _parse(body: bytes, max_candidates: int, known: set[str],
+           query_columns: list[str]) -> RecommendRequest:
+    try:
+        request = RecommendRequest.model_validate_json(body)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        # (query, feature, the union member that failed): the field is query.feature
+        loc = ".".join(str(p) for p in error["loc"][:2])
+        if error["type"] in ("json_invalid", "json_type"):
+            raise ClientError(400, "invalid_json", f"the body is not valid JSON: "
+                              f"{error['msg']}", expected="a JSON object") from None
+        if error["type"] == "missing":
+            raise ClientError(422, "missing_field", f"the body has no {loc!r}", field=loc,
+                              expected="an object of query feature -> value") from None
+        if error["type"] == "extra_forbidden":
+            raise ClientError(422, "unknown_field", f"the body has an unknown field {loc!r}",
+                              field=loc, expected="only 'query', 'k' and 'candidates'") from None
+        expected = EXPECTED_VALUE if loc.startswith("query.") else None
+        raise ClientError(422, "wrong_type", f"{loc or 'the body'}: {error['msg']}",
+                          field=loc or None, expected=expected) from None
+    if request.candidates > max_candidates:
+        raise ClientError(413, "too_many_rows", f"{request.candidates} candidates in one "
+                          f"request, at most {max_candidates} are accepted",
+                          field="candidates", expected=f"at most {max_candidates}")
+    if request.k > request.candidates:
+        raise ClientError(422, "k_above_candidates", f"k {request.k} is more than the "
+                          f"{request.candidates} candidates ranked", field="k",
+                          expected=f"k <= candidates ({request.candidates})")
+    unknown = sorted(set(request.query) - known)
+    if unknown:
+        raise ClientError(422, "unknown_feature", f"query feature {unknown[0]!r} is not an "
+                          "input of the query tower or the ranker's context",
+                          field=f"query.{unknown[0]}", expected=f"one of {sorted(known)}")
+    if not set(request.query) & set(query_columns):
+        raise ClientError(422, "no_query_feature", "the query has none of the query tower's "
+                          "features", field="query", expected=f"one of {query_columns}")
+    return request
+
+
+def _value_error(exc: Exception) -> ClientError:
+    feature = getattr(exc, "feature", None)
+    return ClientError(422, "invalid_value", str(exc),
+                       field=f"query.{feature}" if feature else "query",
+                       expected=getattr(exc, "expected", None) or None)
+
+
+def check_bundle(model: str) -> None:
+    """Refuse a bundle folder without its ranker before the server starts."""
+    if is_bundle(model) and not (Path(model) / "ranker").is_dir():
+        raise ConfigError("the bundle has no ranker folder", where=model,
+                          hint="make it again with ctrctl quantize --index --ranker")
+
+
+def recommend_config(model: str, tracking_uri: str | None, cache_dir: str | None
+                     ) -> dict[str, Any]:
+    """The ``ServeConfig`` fields of MODEL: ``model`` (what the slots load) and ``bundle``."""
+    check_bundle(model)
+    ranker, bundle = resolve_bundle(model, tracking_uri, cache_dir)
+    return {"model": ranker, "bundle": bundle}
