@@ -20,7 +20,8 @@ from ctrctl.errors import CtrctlError
 
 #: Subcommand modules under ctrctl/cli/, in the order of the pipeline.
 COMMANDS: tuple[str, ...] = ("synth", "preprocess", "plan", "train", "tune", "index", "eval",
-                             "quantize", "predict", "serve", "loadtest", "monitor", "run", "config")
+                             "quantize", "predict", "serve", "loadtest", "monitor", "run", "config",
+                             "tracking")
 
 #: The environment variables a user may set, as ``ctrctl --help`` lists them.
 ENVIRONMENT: tuple[tuple[str, str], ...] = (
