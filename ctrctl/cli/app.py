@@ -32,6 +32,8 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("CTRCTL_JOIN_TIMEOUT_S", "seconds the nodes of a multi-node run wait for each other to "
      "join (default 600)"),
     ("CTRCTL_PREPROCESS_ENGINE", "polars: preprocess without the native fast path"),
+    ("CTRCTL_TRACKING_MODE", "background (default) or sync: whether synth, preprocess, plan, "
+     "eval and predict send their MLflow run from a detached process after they exit"),
 )
 
 app = typer.Typer(

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from ctrctl.errors import TrackingError
 from ctrctl.tracking import (
     DEFAULT_EXPERIMENT,
     PARENT_RUN_ENV,
@@ -59,6 +60,8 @@ DONE_SUFFIX = ".jsonl"
 JOURNAL_TAG = "ctrctl.journal"
 #: What the replayer's output is appended to, in the spool folder.
 REPLAY_LOG = "replay.log"
+#: Past this size the replay log is moved to ``replay.log.1`` and a new one started.
+REPLAY_LOG_BYTES = 1 << 20
 
 
 def context_tags() -> dict[str, str]:
@@ -234,7 +237,13 @@ class JournalTracker(Tracker):
 
     @contextlib.contextmanager
     def run(self, name: str, tags: Mapping[str, str] | None = None) -> Iterator[Run]:
-        journal = Journal(self.spool)
+        try:
+            journal = Journal(self.spool)
+        except OSError as exc:
+            raise TrackingError(f"cannot write the {name} run's journal: {exc.strerror or exc}",
+                                where=str(self.spool),
+                                hint="make the folder writable, or track with "
+                                     "CTRCTL_TRACKING_MODE=sync, or pass --no-track") from exc
         run_tags = {**context_tags(), "mlflow.runName": name, "ctrctl.step": name,
                     **(tags or {}), JOURNAL_TAG: journal.id}
         parent = self.parent_run_id or os.environ.get(PARENT_RUN_ENV)
@@ -268,8 +277,11 @@ def spawn_replayer(spool: Path) -> int | None:
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if package_root not in paths:  # the replayer imports the ctrctl that wrote the journal
         env["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
+    log_path = spool / REPLAY_LOG
     try:
-        with (spool / REPLAY_LOG).open("a") as log:
+        if log_path.is_file() and log_path.stat().st_size > REPLAY_LOG_BYTES:
+            os.replace(log_path, log_path.with_name(REPLAY_LOG + ".1"))  # the last one kept
+        with log_path.open("a") as log:
             child = subprocess.Popen(
                 [sys.executable, "-m", "ctrctl.tracking.replay", str(spool)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=spool,

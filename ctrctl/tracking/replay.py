@@ -141,7 +141,8 @@ class Replayer:
         entries = read_journal(journal)
         start = entries[0]
         state_path = _stem(journal).with_suffix(".state")
-        state = json.loads(state_path.read_text()) if state_path.is_file() else {"lines": 1}
+        state: dict[str, Any] = (json.loads(state_path.read_text()) if state_path.is_file()
+                                 else {"lines": 1})
         tracker = self._tracker(start)
         # MLflow's default store and ./mlruns are relative to the command's working folder.
         with contextlib.chdir(start["cwd"]):

@@ -189,3 +189,13 @@ def test_a_journal_whose_writer_died_ends_as_killed(store: str, bg: str) -> None
     assert flush(tracker.spool).sent == [orphan.name]
     [replayed] = runs_of(uri, bg)
     assert replayed.info.status == "KILLED" and replayed.data.metrics == {"loss": 1.0}
+
+
+def test_a_spool_that_cannot_be_written_is_one_clear_error(tmp_path: Path) -> None:
+    from ctrctl.errors import TrackingError
+
+    (tmp_path / ".ctrctl").write_text("not a folder")
+    tracker = JournalTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "x", spawn=False)
+    with pytest.raises(TrackingError, match="journal") as caught, tracker.run("step"):
+        pass
+    assert "CTRCTL_TRACKING_MODE=sync" in str(caught.value.hint)
