@@ -199,3 +199,26 @@ def test_a_spool_that_cannot_be_written_is_one_clear_error(tmp_path: Path) -> No
     with pytest.raises(TrackingError, match="journal") as caught, tracker.run("step"):
         pass
     assert "CTRCTL_TRACKING_MODE=sync" in str(caught.value.hint)
+
+
+def test_tracking_flush_sends_what_waits_and_says_what_is_left(
+        store: str, bg: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from ctrctl.cli.app import main
+
+    tracker = _journal_tracker(store, bg)
+    with tracker.run("step") as run:
+        run.log_metrics({"loss": 1.0})
+    assert main(["tracking", "flush", "--tracking-uri", store]) == 0
+    assert "1 journals sent" in capsys.readouterr().err
+    assert [r.info.run_name for r in runs_of(store, bg)] == ["step"]
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    away = f"http://127.0.0.1:{_free_port()}"
+    waiting = _journal_tracker(away, bg)
+    with waiting.run("step"):
+        pass
+    assert main(["tracking", "flush", "--tracking-uri", away]) == 1
+    assert "1 journals kept: the store did not answer" in capsys.readouterr().err
+    assert pending(waiting.spool) == waiting.journals
