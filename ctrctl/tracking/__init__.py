@@ -3,7 +3,9 @@
 With no tracking URI configured, MLflow's own default store is used (sqlite ``mlflow.db``
 in the working folder, artifacts under ``mlruns/``). ``--tracking-uri`` or
 ``MLFLOW_TRACKING_URI`` point at a server; ``--no-track`` gives a :class:`NoopTracker`.
-Nothing here touches MLflow until a run starts.
+Nothing here touches MLflow until a run starts. ``make_tracker(..., mode="background")`` gives
+a tracker that never imports MLflow in this process: its runs are journals, sent by a
+detached replayer (:mod:`ctrctl.tracking.journal`, :mod:`ctrctl.tracking.replay`).
 
 Example:
     >>> tracker = make_tracker(enabled=True, tracking_uri=None, experiment="ctrctl")
