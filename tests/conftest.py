@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Tests inspect MLflow right after a command: its runs are sent before it exits. Background
+# tracking has its own tests (tests/tracking/), which set the mode themselves.
+os.environ["CTRCTL_TRACKING_MODE"] = "sync"
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"

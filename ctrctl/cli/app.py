@@ -20,7 +20,8 @@ from ctrctl.errors import CtrctlError
 
 #: Subcommand modules under ctrctl/cli/, in the order of the pipeline.
 COMMANDS: tuple[str, ...] = ("synth", "preprocess", "plan", "train", "tune", "index", "eval",
-                             "quantize", "predict", "serve", "loadtest", "monitor", "run", "config")
+                             "quantize", "predict", "serve", "loadtest", "monitor", "run", "config",
+                             "tracking")
 
 #: The environment variables a user may set, as ``ctrctl --help`` lists them.
 ENVIRONMENT: tuple[tuple[str, str], ...] = (
@@ -31,6 +32,8 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("CTRCTL_JOIN_TIMEOUT_S", "seconds the nodes of a multi-node run wait for each other to "
      "join (default 600)"),
     ("CTRCTL_PREPROCESS_ENGINE", "polars: preprocess without the native fast path"),
+    ("CTRCTL_TRACKING_MODE", "background (default) or sync: whether synth, preprocess, plan, "
+     "eval and predict send their MLflow run from a detached process after they exit"),
 )
 
 app = typer.Typer(

@@ -124,9 +124,34 @@ def locked(out: Path | None, command: str,
     return contextlib.nullcontext() if out is None else output_lock(out, command, name)
 
 
-def tracker_from(no_track: bool, tracking_uri: str | None, experiment: str) -> Tracker:
-    """The tracker for a command's flags."""
-    return make_tracker(enabled=not no_track, tracking_uri=tracking_uri, experiment=experiment)
+def tracking_mode(background: bool) -> str:
+    """``background`` for a command that may track in the background (a leaf command whose
+    runs nobody asks MLflow about while it runs), unless ``CTRCTL_TRACKING_MODE=sync`` or a
+    ``ctrctl run`` parent (its steps' run ids are looked up) says otherwise; else ``sync``."""
+    from ctrctl.errors import ConfigError
+    from ctrctl.tracking import MODE_ENV, MODES, PARENT_RUN_ENV
+
+    chosen = os.environ.get(MODE_ENV) or "background"
+    if chosen not in MODES:
+        raise ConfigError(f"unknown tracking mode {chosen!r}", where=MODE_ENV,
+                          hint=f"use one of {', '.join(MODES)}")
+    if not background or os.environ.get(PARENT_RUN_ENV):
+        return "sync"
+    return chosen
+
+
+def tracker_from(no_track: bool, tracking_uri: str | None, experiment: str,
+                 background: bool = False) -> Tracker:
+    """The tracker for a command's flags; ``background``: the command may track in the
+    background (see :func:`tracking_mode`), and says on stderr where its run will appear."""
+    tracker = make_tracker(enabled=not no_track, tracking_uri=tracking_uri,
+                           experiment=experiment, mode=tracking_mode(background))
+    from ctrctl.tracking.journal import JournalTracker
+
+    if isinstance(tracker, JournalTracker):
+        tracker.announce = lambda line: console.print(line, markup=False, highlight=False,
+                                                      soft_wrap=True)
+    return tracker
 
 
 class RichProgress(Progress):

@@ -148,7 +148,7 @@ def eval_command(
 
         if is_two_tower(checkpoint):
             _eval_retrieval(checkpoint, out, dataset, split, index, not no_baselines,
-                            overwrite, tracker_from(no_track, tracking_uri, experiment),
+                            overwrite, tracker_from(no_track, tracking_uri, experiment, background=True),
                             as_json)
             return
     if not gate and config is not None:
@@ -180,7 +180,7 @@ def eval_command(
             keep=_keep(keep), baselines=not no_baselines, overwrite=overwrite,
             batch_size=batch_size, num_bins=num_bins, exact_limit=exact_limit,
             ece_bins=ece_bins, progress=make_progress(),
-            tracker=tracker_from(no_track, tracking_uri, experiment), gates_raise=False,
+            tracker=tracker_from(no_track, tracking_uri, experiment, background=True), gates_raise=False,
         )
         _summary(result.metrics, result.segments)
         for g in result.gates:

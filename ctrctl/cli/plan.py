@@ -158,7 +158,7 @@ def plan_command(
         local_world_size=local_world_size, device=device.value if device else None, hbm_gb=hbm_gb, ddr_gb=ddr_gb,
         batch_size=batch_size, sharding_type=sharding_type, embedding_dim=embedding_dim,
         topology=topology, out=out, overwrite=overwrite)
-    tracker = tracker_from(no_track, tracking_uri, experiment)
+    tracker = tracker_from(no_track, tracking_uri, experiment, background=True)
     with locked(out, "plan"):
         outcome = run_plan(request, tracker)
     _render(outcome)

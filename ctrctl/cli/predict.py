@@ -49,7 +49,7 @@ def predict_command(
 
     if (dataset is None) == (input is None):
         raise ConfigError("give one of --dataset and --input", hint="not both")
-    tracker = tracker_from(no_track, tracking_uri, experiment)
+    tracker = tracker_from(no_track, tracking_uri, experiment, background=True)
     with locked(out, "predict"):
         if dataset is not None:
             result = predict_dataset(model, dataset, split, out, batch_size=batch_size,

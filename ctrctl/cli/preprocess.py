@@ -60,7 +60,7 @@ def preprocess_command(
 
     # kill (SIGTERM) unwinds like Ctrl-C, so the temporary output folder is removed.
     signal.signal(signal.SIGTERM, _interrupt)
-    tracker = tracker_from(no_track, tracking_uri, experiment)
+    tracker = tracker_from(no_track, tracking_uri, experiment, background=True)
     with locked(out, "preprocess"):
         manifest = preprocess(
             schema, inputs, out, split_ratio=split_ratio, seed=seed, split_by_day=split_by_day,

@@ -67,7 +67,7 @@ def synth_command(
         _synth_two_tower(out, rows, seed, parse_assignments(cardinality, int, "--cardinality"),
                          overwrite)
         return
-    tracker = tracker_from(no_track, tracking_uri, experiment)
+    tracker = tracker_from(no_track, tracking_uri, experiment, background=True)
     with locked(out, "synth"):
         result = synthesize(
             out,

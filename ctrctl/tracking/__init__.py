@@ -3,7 +3,9 @@
 With no tracking URI configured, MLflow's own default store is used (sqlite ``mlflow.db``
 in the working folder, artifacts under ``mlruns/``). ``--tracking-uri`` or
 ``MLFLOW_TRACKING_URI`` point at a server; ``--no-track`` gives a :class:`NoopTracker`.
-Nothing here touches MLflow until a run starts.
+Nothing here touches MLflow until a run starts. ``make_tracker(..., mode="background")`` gives
+a tracker that never imports MLflow in this process: its runs are journals, sent by a
+detached replayer (:mod:`ctrctl.tracking.journal`, :mod:`ctrctl.tracking.replay`).
 
 Example:
     >>> tracker = make_tracker(enabled=True, tracking_uri=None, experiment="ctrctl")
@@ -22,24 +24,20 @@ import logging
 import os
 import sys
 import tempfile
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from ctrctl.errors import TrackingError
+from ctrctl.tracking.uri import _TRACKING_HINT
+from ctrctl.tracking.uri import LOCAL_SCHEMES as LOCAL_SCHEMES
+from ctrctl.tracking.uri import PROBE_TIMEOUT_S as PROBE_TIMEOUT_S
+from ctrctl.tracking.uri import SERVER_SCHEMES as SERVER_SCHEMES
+from ctrctl.tracking.uri import check_tracking_uri as check_tracking_uri
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_EXPERIMENT = "ctrctl"
-_TRACKING_HINT = "start the server, fix --tracking-uri / MLFLOW_TRACKING_URI, or pass --no-track"
-#: URI schemes a tracker accepts: local stores and MLflow servers.
-LOCAL_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql")
-SERVER_SCHEMES = ("http", "https")
-#: Seconds the up-front probe of a tracking server waits for its answer.
-PROBE_TIMEOUT_S = 5.0
 #: MLflow's HTTP client retries a dead server with backoff for minutes by default; a run
 #: that loses its server fails within about this many tries instead (a user's env wins).
 _HTTP_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
@@ -317,16 +315,21 @@ class MlflowRun(Run):
                                          str(value)))
 
     def log_dataset(self, dataset: DatasetRef, context: str) -> None:
-        from mlflow.entities import Dataset, DatasetInput, InputTag
+        entity = dataset_input(dataset, context)
+        self._send(lambda: self._client.log_inputs(self.run_id, datasets=[entity]))
 
-        entity = Dataset(
-            name=dataset.name, digest=dataset.digest, source_type="local",
-            source=json.dumps({"uri": dataset.source}),
-            schema=json.dumps({"mlflow_colspec": [
-                {"name": k, "type": v} for k, v in dataset.schema.items()]}),
-            profile=json.dumps({"sha256": dataset.sha256, **dataset.profile}, default=str))
-        self._send(lambda: self._client.log_inputs(self.run_id, datasets=[DatasetInput(
-            dataset=entity, tags=[InputTag("mlflow.data.context", context)])]))
+
+def dataset_input(dataset: DatasetRef, context: str) -> Any:
+    """MLflow's ``DatasetInput`` for ``dataset`` read or written as ``context``."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    entity = Dataset(
+        name=dataset.name, digest=dataset.digest, source_type="local",
+        source=json.dumps({"uri": dataset.source}),
+        schema=json.dumps({"mlflow_colspec": [
+            {"name": k, "type": v} for k, v in dataset.schema.items()]}),
+        profile=json.dumps({"sha256": dataset.sha256, **dataset.profile}, default=str))
+    return DatasetInput(dataset=entity, tags=[InputTag("mlflow.data.context", context)])
 
 
 class _SyncRun(MlflowRun):
@@ -528,44 +531,10 @@ def _context_tags() -> dict[str, str]:
     return tags
 
 
-def check_tracking_uri(uri: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> None:
-    """Fail fast, in one line, on a tracking URI that cannot work.
-
-    An unknown scheme is refused; a server (http/https) must answer its ``/health`` endpoint
-    within ``timeout_s`` seconds. Local stores are left to MLflow (it creates them).
-
-    Raises:
-        TrackingError: naming the URI and suggesting ``--no-track``.
-    """
-    if not uri:
-        return
-    hint = _TRACKING_HINT
-    scheme = urllib.parse.urlsplit(uri).scheme.lower()
-    if len(scheme) == 1:  # a Windows drive letter, C:\\...
-        scheme = ""
-    if scheme.startswith("databricks") or scheme in LOCAL_SCHEMES:
-        return
-    if scheme.split("+")[0] in LOCAL_SCHEMES[3:]:  # postgresql+psycopg2://...
-        return
-    if scheme not in SERVER_SCHEMES:
-        raise TrackingError(
-            f"unknown tracking URI scheme {scheme!r}", where=uri,
-            hint="use http(s)://HOST:PORT, sqlite:///FILE.db or a folder, or pass --no-track")
-    health = uri.rstrip("/") + "/health"
-    try:
-        with urllib.request.urlopen(health, timeout=timeout_s) as answer:
-            status = answer.status
-    except urllib.error.HTTPError as exc:
-        status = exc.code
-    except (urllib.error.URLError, TimeoutError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise TrackingError(f"tracking server does not answer ({reason})", where=uri,
-                            hint=hint) from None
-    if status >= 500:
-        raise TrackingError(f"tracking server answered HTTP {status}", where=uri, hint=hint)
-    if status not in (200, 401, 403):  # MLflow answers 200 "OK"; 401/403: a proxy's login
-        raise TrackingError(f"this is not an MLflow tracking server: {health} answered HTTP "
-                            f"{status}", where=uri, hint=hint)
+#: How a tracker sends what runs log: ``sync`` (MLflow, in this process) or ``background``
+#: (a journal replayed by a detached process: :mod:`ctrctl.tracking.journal`).
+MODE_ENV = "CTRCTL_TRACKING_MODE"
+MODES = ("sync", "background")
 
 
 def make_tracker(
@@ -573,6 +542,7 @@ def make_tracker(
     tracking_uri: str | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
     check: bool = True,
+    mode: str = "sync",
 ) -> Tracker:
     """The tracker a command uses: MLflow unless tracking is turned off.
 
@@ -581,8 +551,14 @@ def make_tracker(
         tracking_uri: an explicit URI; None means ``MLFLOW_TRACKING_URI`` or MLflow's default.
         experiment: the experiment name.
         check: probe the URI now (:func:`check_tracking_uri`), so a dead server fails in
-            seconds instead of after MLflow's minutes of retries.
+            seconds instead of after MLflow's minutes of retries. In background mode only the
+            scheme is checked: the journal waits for a server that is away.
+        mode: ``sync`` or ``background`` (:class:`~ctrctl.tracking.journal.JournalTracker`:
+            runs have no MLflow id until they are replayed).
     """
+    if mode not in MODES:
+        raise TrackingError(f"unknown tracking mode {mode!r}", where=MODE_ENV,
+                            hint=f"use one of {', '.join(MODES)}")
     if not enabled:
         return Tracker()
     for key, value in _HTTP_ENV_DEFAULTS.items():
@@ -590,6 +566,11 @@ def make_tracker(
     if not sys.stderr.isatty():
         # MLflow's download bar redrawn into a pipe is one line of dozens of bars.
         os.environ.setdefault(ARTIFACT_BAR_ENV, "false")
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if check:
-        check_tracking_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
+        check_tracking_uri(uri, probe=mode == "sync")
+    if mode == "background":
+        from ctrctl.tracking.journal import JournalTracker
+
+        return JournalTracker(tracking_uri=uri, experiment=experiment)
     return MlflowTracker(tracking_uri=tracking_uri, experiment=experiment)
