@@ -38,6 +38,7 @@ from ctrctl.tracking import (
     MlflowTracker,
     _first_line,
     dataset_input,
+    mlflow_key,
     unreachable,
 )
 from ctrctl.tracking.journal import DONE_SUFFIX, JOURNAL_TAG, PART_SUFFIX
@@ -183,11 +184,12 @@ class Replayer:
             for first in range(0, len(params), 100):
                 client.log_batch(run_id, params=params[first:first + 100])
         elif op == "metrics":
-            metrics = [Metric(k, v, ts, step) for k, v, ts, step in entry["metrics"]]
+            metrics = [Metric(mlflow_key(k), v, ts, step) for k, v, ts, step in entry["metrics"]]
             for first in range(0, len(metrics), 500):
                 client.log_batch(run_id, metrics=metrics[first:first + 500])
         elif op == "tags":
-            client.log_batch(run_id, tags=[RunTag(k, v) for k, v in entry["tags"].items()])
+            client.log_batch(run_id, tags=[RunTag(mlflow_key(k), v)
+                                            for k, v in entry["tags"].items()])
         elif op == "artifact":
             path = spool / entry["path"]
             if entry.get("folder"):

@@ -24,8 +24,9 @@ def log_everything(tracker: Tracker, work: Path, name: str = "step") -> None:
         run.log_params({"lr": 0.01, "model": {"dim": 16, "kind": "dlrm"}})
         run.log_metrics({"loss": 0.5, "auc": 0.7}, step=1)
         run.log_metrics({"loss": 0.4, "auc": 0.72}, step=2)
+        run.log_metrics({"recall@100": 0.5})  # MLflow refuses "@": sent as recall_at_100
         run.log_metrics({"loss": 0.3, "flag": True})  # a bool is not a metric
-        run.set_tags({"ctrctl.kind": "test"})
+        run.set_tags({"ctrctl.kind": "test", "index.recall@100": "0.9"})
         run.log_artifact(work / "notes.json")
         run.log_artifact(work / "folder", "dir")
         run.log_dict({"k": [1, 2]}, "d.json")
