@@ -323,6 +323,10 @@ class ServingModel:
         self.manifest = manifest
         self.contract = manifest["input"]
         self.module = module
+        # The exported module's forward, past the pre-hooks that check every call's inputs
+        # against the export's constraints again (~0.6 ms of a 270-row call);
+        # :meth:`check_inputs` checks shapes, dtypes and id ranges first.
+        self._forward = getattr(module, "forward", module)
         self.compiled = compiled
         self._hashers = {}
         self._raw_keys = torch.tensor([f["mode"] == "zch" for f in self.contract["sparse"]],
@@ -383,7 +387,7 @@ class ServingModel:
         ids, lengths = ids.to(torch.int64), lengths.to(torch.int64)
         self.check_inputs(dense, ids, lengths)
         with torch.no_grad():
-            return self.module(dense, ids, lengths)
+            return self._forward(dense, ids, lengths)
 
     # ---- raw columns and rows ---------------------------------------------------------------
     def input_columns(self):

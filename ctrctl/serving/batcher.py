@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -95,14 +96,21 @@ class Batcher:
         self.seconds_per_row = 0.0  # measured; 0 until the first batch (or warm-up)
         self.queued_rows = 0
         self._busy_until = 0.0  # when the batch being scored should end (time.monotonic())
+        self._last_end = -math.inf  # when the last batch ended (time.monotonic())
         self._jobs: collections.deque[Job] = collections.deque()
         self._arrival = asyncio.Event()
         self._executor = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix=f"ctrctl-score-{version}")
         self._task: asyncio.Task[None] | None = None
         self._closed = False
-        self._vocab_features = [i for i, f in enumerate(model.contract["sparse"])
-                                if f["mode"] == "vocab" and not f.get("separator")]
+        # (position, name, whether a missing value takes id 0 as an unseen one does):
+        # the ids of one all-missing row give each vocabulary feature's id of a missing value
+        sparse = model.contract["sparse"]
+        vocab = [i for i, f in enumerate(sparse)
+                 if f["mode"] == "vocab" and not f.get("separator")]
+        _, ids, lengths = model_api.encode_columns(model, {}, 1)
+        missing_ids = [chunk.tolist() for chunk in torch.split(ids, lengths.tolist())]
+        self._vocab_features = [(i, sparse[i]["name"], missing_ids[i] == [0]) for i in vocab]
 
     def warm(self, columns: Mapping[str, Sequence[Any]], n_rows: int, repeats: int = 3) -> None:
         """Score a batch a few times (first calls are slow) and measure seconds per row."""
@@ -174,7 +182,11 @@ class Batcher:
                     return
                 self._arrival.clear()
                 await self._arrival.wait()
-            flush_at = self._jobs[0].arrived + self.max_wait_s
+            # Wait for company only under load (a batch ended within the wait): a request
+            # reaching an idle server is scored at once, and under load the requests that
+            # queue while a batch is scored form the next one anyway.
+            busy = time.monotonic() - self._last_end < self.max_wait_s
+            flush_at = self._jobs[0].arrived + (self.max_wait_s if busy else 0.0)
             while self.queued_rows < self.max_batch_rows and not self._closed:
                 wait = flush_at - time.monotonic()
                 if wait <= 0:
@@ -198,7 +210,8 @@ class Batcher:
             if not batch:
                 continue
             self._busy_until = time.monotonic() + rows * self.seconds_per_row
-            results = await loop.run_in_executor(self._executor, self._score, batch)
+            results, scores = await loop.run_in_executor(self._executor, self._score, batch)
+            self._last_end = time.monotonic()
             for job, result in zip(batch, results, strict=True):
                 if job.future.done():
                     continue
@@ -206,9 +219,20 @@ class Batcher:
                     job.future.set_exception(result)
                 else:
                     job.future.set_result(result)
+            if scores is not None:  # after the answers: the handlers resumed first run first
+                loop.call_soon(self._observe_scores, scores)
 
-    def _score(self, batch: list[Job]) -> list[np.ndarray | BaseException]:
-        """On the compute thread: encode each job, score the good ones in one call."""
+    def _observe_scores(self, scores: np.ndarray) -> None:
+        histogram = self.metrics.score.labels(self.version)
+        for value in scores.tolist():
+            histogram.observe(value)
+
+    def _score(self, batch: list[Job]
+               ) -> tuple[list[np.ndarray | BaseException], np.ndarray | None]:
+        """On the compute thread: encode each job, score the good ones in one call.
+
+        Returns:
+            Per job its scores or its error, and every score of the batch (None if none)."""
         start = time.monotonic()
         results: list[np.ndarray | BaseException | None] = [None] * len(batch)
         parts: list[tuple[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
@@ -239,14 +263,12 @@ class Batcher:
             self.seconds_per_row = (per_row if self.seconds_per_row == 0
                                     else 0.8 * self.seconds_per_row + 0.2 * per_row)
             offset = 0
-            histogram = self.metrics.score.labels(self.version)
             for i, inputs in parts:
                 n = inputs[0].size(0)
                 results[i] = scores[offset:offset + n]
                 offset += n
-            for value in scores.tolist():
-                histogram.observe(value)
-        return [r if r is not None else RuntimeError("not scored") for r in results]
+        return ([r if r is not None else RuntimeError("not scored") for r in results],
+                scores if parts else None)
 
     def _count_oov(self, job: Job, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
                    ) -> None:
@@ -259,19 +281,26 @@ class Batcher:
                     self.metrics.zch_default.labels(name).inc(n)
         if not self._vocab_features:
             return
+        # Ids 0 per feature in one pass; a vocabulary maps an unseen value to 0, and a
+        # missing one to its null id (0 too when no null was seen in training).
         _, ids, lengths = inputs
-        per_feature = lengths.view(self.num_sparse, -1).sum(1).tolist()
-        chunks = torch.split(ids, per_feature)
-        sparse = self.model.contract["sparse"]
-        for f in self._vocab_features:
-            name = sparse[f]["name"]
+        per_feature = lengths.view(self.num_sparse, -1).sum(1)  # (F,)
+        feature_of_id = torch.repeat_interleave(torch.arange(self.num_sparse), per_feature)
+        zeros = torch.zeros(self.num_sparse, dtype=torch.int64).index_add_(
+            0, feature_of_id, (ids == 0).to(torch.int64))  # (F,) ids 0 per feature
+        counts, per_row = zeros.tolist(), per_feature.tolist()
+        for f, name, missing_is_zero in self._vocab_features:
             values = job.columns.get(name)
-            if values is None or per_feature[f] != job.n_rows:
+            if values is None or per_row[f] != job.n_rows:
                 continue
-            present = torch.tensor([v is not None for v in values], dtype=torch.bool)
-            oov = int(((chunks[f] == 0) & present).sum())
+            oov = counts[f] - (_missing(values) if missing_is_zero else 0)
             if oov:
                 self.metrics.feature_oov.labels(name).inc(oov)
+
+
+def _missing(values: Sequence[Any]) -> int:
+    """Values the encoder takes as missing: None and "" (as the preprocess step)."""
+    return values.count(None) + values.count("")
 
 
 def merge_inputs(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
