@@ -236,39 +236,56 @@ class Batcher:
         start = time.monotonic()
         results: list[np.ndarray | BaseException | None] = [None] * len(batch)
         parts: list[tuple[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
+        pooled_parts: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (job, dense, pooled)
         for i, job in enumerate(batch):
             if job.abandoned or start > job.deadline:
                 results[i] = Overloaded("timeout")
                 continue
             self.metrics.queue_wait.labels(self.version).observe(start - job.arrived)
             try:
-                inputs = (encode_with_context(self.model, job.columns, job.n_rows, job.context)
-                          if job.context else
-                          model_api.encode_columns(self.model, job.columns, job.n_rows))
+                pooled = (pool_with_context(self.model, job.columns, job.n_rows, job.context)
+                          if job.context else None)
+                if pooled is not None:
+                    dense, embedded, inputs = pooled
+                    pooled_parts.append((i, dense, embedded))
+                else:
+                    inputs = (encode_with_context(self.model, job.columns, job.n_rows,
+                                                  job.context) if job.context else
+                              model_api.encode_columns(self.model, job.columns, job.n_rows))
+                    parts.append((i, inputs))
             except model_api.InputError as exc:
                 results[i] = exc
                 continue
             except model_api.ArtifactError as exc:
                 results[i] = model_api.input_error(str(exc))
                 continue
-            parts.append((i, inputs))
             self._count_oov(job, inputs)
-        if parts:
-            merged = merge_inputs([p for _, p in parts], self.num_sparse)
-            rows = merged[0].size(0)
+        if parts or pooled_parts:
+            merged = merge_inputs([p for _, p in parts], self.num_sparse) if parts else None
+            if pooled_parts:  # through the two stages: the other jobs' lookups as one call
+                dense_parts = [d for _, d, _ in pooled_parts]
+                embedded_parts = [e for _, _, e in pooled_parts]
+                if merged is not None:
+                    dense_parts.insert(0, merged[0])
+                    embedded_parts.insert(0, self.model.pool(merged[1], merged[2]))
+                scores = self.model.score_pooled(torch.cat(dense_parts),
+                                                 torch.cat(embedded_parts)).numpy()
+            else:
+                assert merged is not None
+                scores = self.model.score(*merged).numpy()
+            rows = len(scores)
             self.metrics.batch_rows.labels(self.version).observe(rows)
-            scores = self.model.score(*merged).numpy()
             # encoding and scoring: what a queued row will cost (the deadline test's rate)
             per_row = (time.monotonic() - start) / rows
             self.seconds_per_row = (per_row if self.seconds_per_row == 0
                                     else 0.8 * self.seconds_per_row + 0.2 * per_row)
             offset = 0
-            for i, inputs in parts:
-                n = inputs[0].size(0)
+            for i, n in ([(i, p[0].size(0)) for i, p in parts]
+                         + [(i, d.size(0)) for i, d, _ in pooled_parts]):
                 results[i] = scores[offset:offset + n]
                 offset += n
         return ([r if r is not None else RuntimeError("not scored") for r in results],
-                scores if parts else None)
+                scores if parts or pooled_parts else None)
 
     def _count_oov(self, job: Job, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
                    ) -> None:
@@ -344,18 +361,8 @@ def encode_with_context(model: Any, columns: Mapping[str, Sequence[Any]], n_rows
         every_row = {**columns, **{name: [value] * n_rows for name, value in context.items()}}
         return model_api.encode_columns(model, every_row, n_rows)
     dense, ids, lengths = model_api.encode_columns(model, columns, n_rows)
-    try:
-        c_dense, c_ids, c_lengths = model_api.encode_columns(
-            model, {name: [value] for name, value in context.items()}, 1)
-    except model_api.InputError as exc:
-        feature = getattr(exc, "feature", None)
-        raise model_api.input_error(f"context: {exc}", feature=f"context.{feature}",
-                                    expected=getattr(exc, "expected", None)) from None
-    names = [f["name"] for f in contract["dense"]]
-    shared = [j for j, name in enumerate(names) if name in context]
-    if shared:
-        dense = dense.clone()
-        dense[:, shared] = c_dense[:, shared]  # (B, len(shared)) <- (1, len(shared))
+    c_dense, c_ids, c_lengths = _encode_context(model, context)
+    dense = _broadcast_dense(model, dense, c_dense, context)
     num_sparse = len(contract["sparse"])
     per_row = lengths.view(num_sparse, n_rows)  # (F, B)
     c_per_row = c_lengths.view(num_sparse, 1)  # (F, 1)
@@ -370,3 +377,65 @@ def encode_with_context(model: Any, columns: Mapping[str, Sequence[Any]], n_rows
             out_ids.append(chunks[f])
             out_lengths.append(per_row[f])
     return dense, torch.cat(out_ids), torch.cat(out_lengths)
+
+
+def pool_with_context(model: Any, columns: Mapping[str, Sequence[Any]], n_rows: int,
+                      context: Mapping[str, Any]
+                      ) -> tuple[torch.Tensor, torch.Tensor,
+                                 tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None:
+    """The dense stage's inputs of ``n_rows`` candidates sharing ``context``, each context
+    feature looked up once: (dense (B, F_dense), pooled (B, F, D), the candidates' own
+    model inputs); None where the artifact has no stages (format 1), runs compiled, or the
+    context holds a raw column that features are derived from (then
+    :func:`encode_with_context`).
+
+    The candidates' bags of a context feature are left empty (length 0: no lookup), the
+    context's one row is pooled, and its (1, F_ctx, D) vectors are broadcast into those
+    places: the scores are bitwise those of the merged rows (every bag pools on its own)::
+
+        own lengths (F, B):  candidate features as encoded | context features: 0
+        pooled (B, F, D):    pool(own)  with  [:, ctx] <- pool(context row)[:, ctx]
+
+    Raises:
+        InputError: a bad context value (``feature`` prefixed ``context.``) or candidate value.
+    """
+    contract = model.contract
+    features = {f["name"] for part in ("dense", "sparse") for f in contract[part]}
+    if (not getattr(model, "stages", None) or getattr(model, "compiled", False)
+            or not set(context) <= features):
+        return None
+    dense, ids, lengths = model_api.encode_columns(model, columns, n_rows)
+    c_dense, c_ids, c_lengths = _encode_context(model, context)
+    dense = _broadcast_dense(model, dense, c_dense, context)
+    shared = [f["name"] in context for f in contract["sparse"]]
+    in_context = torch.tensor(shared, dtype=torch.bool)  # (F,)
+    per_row = lengths.view(len(shared), n_rows)  # (F, B)
+    chunks = torch.split(ids, per_row.sum(1).tolist())
+    own_ids = torch.cat([ids[:0], *(c for c, s in zip(chunks, shared, strict=True) if not s)])
+    own_lengths = per_row.masked_fill(in_context[:, None], 0).reshape(-1)  # (F * B,)
+    pooled = model.pool(own_ids, own_lengths)  # (B, F, D)
+    if any(shared):
+        pooled[:, in_context] = model.pool(c_ids, c_lengths)[:, in_context]  # <- (1, F_ctx, D)
+    return dense, pooled, (dense, own_ids, own_lengths)
+
+
+def _encode_context(model: Any, context: Mapping[str, Any]
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The context as one row of model inputs; its errors name ``context.FEATURE``."""
+    try:
+        return model_api.encode_columns(model, {k: [v] for k, v in context.items()}, 1)
+    except model_api.InputError as exc:
+        feature = getattr(exc, "feature", None)
+        raise model_api.input_error(f"context: {exc}", feature=f"context.{feature}",
+                                    expected=getattr(exc, "expected", None)) from None
+
+
+def _broadcast_dense(model: Any, dense: torch.Tensor, c_dense: torch.Tensor,
+                     context: Mapping[str, Any]) -> torch.Tensor:
+    """``dense`` (B, F_dense) with the context's dense features (1, F_dense) in every row."""
+    names = [f["name"] for f in model.contract["dense"]]
+    shared = [j for j, name in enumerate(names) if name in context]
+    if shared:
+        dense = dense.clone()
+        dense[:, shared] = c_dense[:, shared]  # (B, len(shared)) <- (1, len(shared))
+    return dense
