@@ -390,11 +390,12 @@ def pool_with_context(model: Any, columns: Mapping[str, Sequence[Any]], n_rows: 
     :func:`encode_with_context`).
 
     The candidates' bags of a context feature are left empty (length 0: no lookup), the
-    context's one row is pooled, and its (1, F_ctx, D) vectors are broadcast into those
-    places: the scores are bitwise those of the merged rows (every bag pools on its own)::
+    context's row (its features only) is pooled in the same call, after the candidates',
+    and its (1, F_ctx, D) vectors are broadcast into those places: the scores are bitwise
+    those of the merged rows (every bag pools on its own)::
 
-        own lengths (F, B):  candidate features as encoded | context features: 0
-        pooled (B, F, D):    pool(own)  with  [:, ctx] <- pool(context row)[:, ctx]
+        lengths (F, B + 1):  candidate features as encoded, context features 0 | context row
+        pooled (B + 1, F, D) -> pooled[:B] with [:B, ctx] <- pooled[B, ctx]
 
     Raises:
         InputError: a bad context value (``feature`` prefixed ``context.``) or candidate value.
@@ -409,14 +410,26 @@ def pool_with_context(model: Any, columns: Mapping[str, Sequence[Any]], n_rows: 
     dense = _broadcast_dense(model, dense, c_dense, context)
     shared = [f["name"] in context for f in contract["sparse"]]
     in_context = torch.tensor(shared, dtype=torch.bool)  # (F,)
-    per_row = lengths.view(len(shared), n_rows)  # (F, B)
-    chunks = torch.split(ids, per_row.sum(1).tolist())
-    own_ids = torch.cat([ids[:0], *(c for c, s in zip(chunks, shared, strict=True) if not s)])
-    own_lengths = per_row.masked_fill(in_context[:, None], 0).reshape(-1)  # (F * B,)
-    pooled = model.pool(own_ids, own_lengths)  # (B, F, D)
+    own_ids, own_lengths = _keep_features(ids, lengths, shared, keep=False)  # (F * B,)
+    ctx_ids, ctx_lengths = _keep_features(c_ids, c_lengths, shared, keep=True)  # (F,)
+    # one lookup call: the context's row after the candidates' (B + 1 rows, key-major)
+    _, both_ids, both_lengths = merge_inputs(
+        [(dense, own_ids, own_lengths), (c_dense, ctx_ids, ctx_lengths)], len(shared))
+    pooled = model.pool(both_ids, both_lengths)  # (B + 1, F, D)
     if any(shared):
-        pooled[:, in_context] = model.pool(c_ids, c_lengths)[:, in_context]  # <- (1, F_ctx, D)
-    return dense, pooled, (dense, own_ids, own_lengths)
+        pooled[:n_rows, in_context] = pooled[n_rows:, in_context]  # <- (1, F_ctx, D)
+    return dense, pooled[:n_rows], (dense, own_ids, own_lengths)
+
+
+def _keep_features(ids: torch.Tensor, lengths: torch.Tensor, shared: list[bool], keep: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs with only the features whose ``shared`` flag is ``keep``; the others' bags
+    empty (length 0)."""
+    per_row = lengths.view(len(shared), -1)  # (F, B)
+    chunks = torch.split(ids, per_row.sum(1).tolist())
+    kept = torch.cat([ids[:0], *(c for c, s in zip(chunks, shared, strict=True) if s == keep)])
+    drop = torch.tensor([s != keep for s in shared], dtype=torch.bool)
+    return kept, per_row.masked_fill(drop[:, None], 0).reshape(-1)
 
 
 def _encode_context(model: Any, context: Mapping[str, Any]
