@@ -22,6 +22,12 @@ here.
 
 Usage:
     python scripts/bench_serve.py [--quick] [--out bench-out/serve.json]
+
+Before/after a change, on the same model and rows, one run after the other::
+
+    git archive OLD_COMMIT | tar -x -C /tmp/old   # plus the native .so files
+    python scripts/bench_serve.py --work W --serve-only --tree /tmp/old --out before.json
+    python scripts/bench_serve.py --work W --serve-only --out after.json
 """
 
 from __future__ import annotations
@@ -55,8 +61,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer rows, shorter runs")
     parser.add_argument("--out", type=Path, default=Path("bench-out/serve.json"))
     parser.add_argument("--rows", type=int, default=60_000, help="synthetic log rows")
-    parser.add_argument("--rates", default="5,10,20,40", help="ctrctl serve: requests/s")
-    parser.add_argument("--mlflow-rates", default="1,2,4", help="mlflow serve: requests/s")
+    parser.add_argument("--rates", default="5,20,40,80,120,160",
+                        help="ctrctl serve: requests/s")
+    parser.add_argument("--mlflow-rates", default="0.5,1,2,4,8",
+                        help="mlflow serve: requests/s (far enough to find its rate at p99 <= "
+                             "50 ms)")
     parser.add_argument("--duration-s", type=float, default=20.0, help="seconds per rate")
     parser.add_argument("--candidates", default="270", help="rows per request, or dlrmv2")
     parser.add_argument("--p99-ms", type=float, default=10.0)
@@ -64,9 +73,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--work", type=Path, default=None, help="keep the model here")
     parser.add_argument("--soak-s", type=float, default=0.0,
                         help="then serve --soak-rate requests/s this long (0: no soak)")
-    parser.add_argument("--soak-rate", type=float, default=10.0)
+    parser.add_argument("--soak-rate", default="auto",
+                        help="requests/s, or auto: 70%% of the highest ctrctl rate at p99 <= "
+                             "--p99-ms (at p99 <= 50 ms where none met it)")
     parser.add_argument("--skip-sweep", action="store_true",
                         help="only the soak (with --soak-s)")
+    parser.add_argument("--serve-only", action="store_true",
+                        help="only the ctrctl serve sweep (no mlflow, offline, memory)")
+    parser.add_argument("--tree", type=Path, default=None,
+                        help="serve with the ctrctl of this checkout (default: this one), "
+                             "e.g. an older commit's `git archive` for a before/after run")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="ctrctl serve --threads (default: the server's choice)")
+    parser.add_argument("--mlflow-only", action="store_true",
+                        help="only the mlflow models serve sweep")
+    parser.add_argument("--dedup-only", action="store_true",
+                        help="only /v1/rank's context deduplication at 512 candidates")
     parser.add_argument("--memory-export", type=Path, default=None,
                         help="measure the workers' memory on this export (default: the "
                              "bench model)")
@@ -143,11 +165,11 @@ def stop(process: subprocess.Popen[Any]) -> int:
 
 
 def sweep_server(command: list[str], ready: str, url: str, requests: Any, rates: list[float],
-                 duration: float, protocol: str, p99_ms: float, env: dict[str, str]
-                 ) -> dict[str, Any]:
+                 duration: float, protocol: str, p99_ms: float, env: dict[str, str],
+                 cwd: Path = ROOT) -> dict[str, Any]:
     from ctrctl.serving.loadtest import highest_rate, sweep
 
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_ready(ready, process)
@@ -157,16 +179,22 @@ def sweep_server(command: list[str], ready: str, url: str, requests: Any, rates:
     finally:
         code = stop(process)
     best = highest_rate(points, p99_ms)
+    bounds = {str(int(b)): (found.offered_qps if (found := highest_rate(points, b)) else None)
+              for b in sorted({p99_ms, 10.0, 50.0})}
     return {"command": " ".join(command), "exit_code": code,
             "points": [p.to_dict() for p in points], "p99_bound_ms": p99_ms,
-            "highest_rate": best.offered_qps if best else None}
+            "highest_rate": best.offered_qps if best else None,
+            "highest_rate_by_p99_ms": bounds}
 
 
-def rank_dedup(export: Path, raw: Path, candidates: int = 512, repeats: int = 15
-               ) -> dict[str, Any]:
-    """``/v1/rank``'s encoding with half the features in the context, encoded once, against
-    encoding the merged rows: ms per request (median, min, max; taking turns), and whether
-    the scores are bitwise equal."""
+def rank_dedup(export: Path, raw: Path, candidates: int = 512, repeats: int = 15,
+               threads: int = 1) -> dict[str, Any]:
+    """``/v1/rank``'s scoring of one request of ``candidates`` with half the features in the
+    context, three ways, taking turns: the merged rows encoded and scored (``merged``); the
+    context encoded once, its ids broadcast (``context_encoded_once``); the context encoded
+    and looked up once, its pooled vectors broadcast into the dense stage
+    (``context_pooled_once``). ms per request (median, min, max) and whether the scores
+    are bitwise equal to the merged rows'."""
     import random
     import statistics
 
@@ -174,9 +202,10 @@ def rank_dedup(export: Path, raw: Path, candidates: int = 512, repeats: int = 15
 
     from ctrctl.inference.export import load_artifact
     from ctrctl.serving import model_api
-    from ctrctl.serving.batcher import encode_with_context
+    from ctrctl.serving.batcher import encode_with_context, pool_with_context
     from ctrctl.serving.loadtest import read_raw_rows
 
+    torch.set_num_threads(threads)
     model = load_artifact(export)
     names = model_api.input_columns(model)
     rows = read_raw_rows(export, raw, limit=5000)
@@ -192,20 +221,28 @@ def rank_dedup(export: Path, raw: Path, candidates: int = 512, repeats: int = 15
         return {n: [r.get(n) for r in rs] for n in names if n in present}
 
     full_columns, alone_columns = columns(merged), columns(alone)
+
+    def pooled_once() -> torch.Tensor:
+        found = pool_with_context(model, alone_columns, candidates, context)
+        assert found is not None, "the artifact has no stages (format 1)"
+        return model.score_pooled(found[0], found[1])
+
+    ways = {"merged": lambda: model.score(*model_api.encode_columns(model, full_columns,
+                                                                      candidates)),
+            "context_encoded_once": lambda: model.score(*encode_with_context(
+                model, alone_columns, candidates, context)),
+            "context_pooled_once": pooled_once}
     with torch.no_grad():
-        equal = bool(torch.equal(
-            model.score(*model_api.encode_columns(model, full_columns, candidates)),
-            model.score(*encode_with_context(model, alone_columns, candidates, context))))
-    times: dict[str, list[float]] = {"merged": [], "context_once": []}
+        want = ways["merged"]()
+        equal = {name: bool(torch.equal(way(), want)) for name, way in ways.items()}
+    times: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(repeats):
-        for name in times:
+        for name, way in ways.items():
             start = time.perf_counter()
-            if name == "merged":
-                model.score(*model_api.encode_columns(model, full_columns, candidates))
-            else:
-                model.score(*encode_with_context(model, alone_columns, candidates, context))
+            way()
             times[name].append((time.perf_counter() - start) * 1000)
-    return {"candidates": candidates, "context_features": len(shared), "bitwise_equal": equal,
+    return {"candidates": candidates, "context_features": len(shared), "threads": threads,
+            "bitwise_equal": equal, "load": os.getloadavg(),
             **{f"{k}_ms": {"median": statistics.median(v), "min": min(v), "max": max(v)}
                for k, v in times.items()}}
 
@@ -331,21 +368,24 @@ def main(argv: list[str] | None = None) -> int:
                               "load_before": os.getloadavg()}
     try:
         paths = build_model(work, args.rows)
+        if args.dedup_only:
+            result["rank_dedup"] = rank_dedup(paths["export"], paths["raw"], repeats=30)
+            result["load_after"] = os.getloadavg()
+            return _write(args, result)
         rows = read_raw_rows(paths["export"], paths["raw"])
         candidates = args.candidates if args.candidates == "dlrmv2" else int(args.candidates)
         rates = [float(r) for r in args.rates.split(",")]
-        if args.soak_s > 0:
-            result["soak"] = soak(paths["export"], RequestSet.sample(rows, candidates),
-                                  args.soak_rate, args.soak_s, env)
         if args.skip_sweep:
+            if args.soak_s > 0:
+                result["soak"] = soak(paths["export"], RequestSet.sample(rows, candidates),
+                                      float(args.soak_rate), args.soak_s, env)
             result["load_after"] = os.getloadavg()
             return _write(args, result)
-        port = free_port()
-        result["ctrctl_serve"] = sweep_server(
-            [sys.executable, "-m", "ctrctl", "serve", str(paths["export"]), "--port", str(port),
-             "--workers", str(args.workers)], f"http://127.0.0.1:{port}/readyz",
-            f"http://127.0.0.1:{port}", RequestSet.sample(rows, candidates), rates,
-            args.duration_s, "ctrctl", args.p99_ms, env)
+        if not args.mlflow_only:
+            _sweep_ctrctl(args, paths, rows, candidates, rates, env, result)
+        if args.serve_only:
+            result["load_after"] = os.getloadavg()
+            return _write(args, result)
 
         import mlflow.pyfunc
 
@@ -364,9 +404,19 @@ def main(argv: list[str] | None = None) -> int:
             RequestSet.sample(rows, candidates, protocol="mlflow"),
             [float(r) for r in args.mlflow_rates.split(",")], args.duration_s, "mlflow", 50.0,
             env)
+        if args.mlflow_only:
+            result["load_after"] = os.getloadavg()
+            return _write(args, result)
         offline = offline_rows_per_s(paths["export"], paths["dataset"], work,
                                      2 if args.quick else 3)
         result["predict_dataset_rows_per_s"] = offline
+        result["targets"] = _targets(result, candidates)
+        if args.soak_s > 0:
+            rate = (float(args.soak_rate) if args.soak_rate != "auto" else
+                    0.7 * (result["targets"]["ctrctl_rate_p99_10ms"]
+                           or result["targets"]["ctrctl_rate_p99_50ms"] or 5.0))
+            result["soak"] = soak(paths["export"], RequestSet.sample(rows, candidates),
+                                  rate, args.soak_s, env)
         result["rank_dedup"] = rank_dedup(paths["export"], paths["raw"])
         result["worker_memory"] = worker_memory(args.memory_export or paths["export"], env)
         result["mflop_per_candidate"] = mflop_per_candidate(paths["export"])
@@ -379,6 +429,42 @@ def main(argv: list[str] | None = None) -> int:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
     return _write(args, result)
+
+
+def _sweep_ctrctl(args: argparse.Namespace, paths: dict[str, Path], rows: Any,
+                  candidates: int | str, rates: list[float], env: dict[str, str],
+                  result: dict[str, Any]) -> None:
+    from ctrctl.serving.loadtest import RequestSet
+
+    port = free_port()
+    tree = (args.tree or ROOT).resolve()
+    command = [sys.executable, "-m", "ctrctl", "serve", str(paths["export"]), "--port",
+               str(port), "--workers", str(args.workers)]
+    command += ["--threads", str(args.threads)] if args.threads else []
+    result["ctrctl_serve"] = sweep_server(
+        command, f"http://127.0.0.1:{port}/readyz", f"http://127.0.0.1:{port}",
+        RequestSet.sample(rows, candidates), rates, args.duration_s, "ctrctl",
+        args.p99_ms, {**env, "PYTHONPATH": str(tree)}, cwd=tree)
+    result["ctrctl_serve"]["tree"] = str(tree)
+
+
+def _targets(result: dict[str, Any], candidates: int | str) -> dict[str, Any]:
+    """The issue's targets against what the run measured (None where a rate was not found)."""
+    import statistics
+
+    ours = result["ctrctl_serve"]["highest_rate_by_p99_ms"]
+    theirs = result["mlflow_models_serve"]["highest_rate_by_p99_ms"]
+    offline = statistics.median(result["predict_dataset_rows_per_s"])
+    rows = 270 if candidates == "dlrmv2" else int(candidates)  # dlrmv2: mean about 270
+    at_10, at_50, mlflow_50 = ours.get("10"), ours.get("50"), theirs.get("50")
+    return {"ctrctl_rate_p99_10ms": at_10, "ctrctl_rate_p99_50ms": at_50,
+            "mlflow_rate_p99_50ms": mlflow_50,
+            "ratio_ctrctl_p99_10ms_over_mlflow": (at_10 / mlflow_50 if at_10 and mlflow_50
+                                                  else None),
+            "ratio_ctrctl_p99_50ms_over_mlflow": (at_50 / mlflow_50 if at_50 and mlflow_50
+                                                  else None),
+            "offline_rows_per_s": offline,
+            "share_of_offline_at_p99_10ms": (at_10 * rows / offline if at_10 else None)}
 
 
 def _write(args: argparse.Namespace, result: dict[str, Any]) -> int:

@@ -16,6 +16,9 @@ def serve_command(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
     workers: Annotated[int | None, typer.Option(
         help="Server processes (default: one per two cores).")] = None,
+    threads: Annotated[int | None, typer.Option(
+        help="Torch threads per worker (default: the cores a worker has, less one for its "
+             "event loop).")] = None,
     max_batch_rows: Annotated[int, typer.Option(help="Rows per model call at most.")] = 4096,
     max_wait_ms: Annotated[float, typer.Option(
         help="How long a request waits for others to batch with.")] = 2.0,
@@ -50,7 +53,7 @@ def serve_command(
 
     config = ServeConfig(
         **recommend_config(model, tracking_uri, str(cache_dir) if cache_dir else None),
-        host=host, port=port, workers=workers or default_workers(),
+        host=host, port=port, workers=workers or default_workers(), threads=threads,
         max_batch_rows=max_batch_rows, max_wait_ms=max_wait_ms, timeout_ms=timeout_ms,
         max_rows_per_request=max_rows_per_request, max_queue_rows=max_queue_rows,
         log_dir=str(log_dir) if log_dir else None, canary=canary,

@@ -52,6 +52,9 @@ from ctrctl.modules import native
 logger = logging.getLogger(__name__)
 
 PROGRAM = "program.pt2"
+#: the program's two stages (format 2): /v1/rank pools a context shared by every candidate
+#: once, then broadcasts its pooled vectors into the dense stage
+STAGE_FILES = {"sparse": "sparse.pt2", "dense": "dense.pt2"}
 DENSE_FILE = "dense.safetensors"
 PLAN_FILE = "serving_plan.json"
 LOADER_FILE = "serving.py"
@@ -92,6 +95,32 @@ def export_program(model: ShardedDLRM) -> torch.export.ExportedProgram:
         raise ConfigError(f"the exported graph has functionalized mutations: {functionalized}",
                           where="export_program")
     return program
+
+
+def export_stages(model: ShardedDLRM) -> dict[str, torch.export.ExportedProgram]:
+    """The model's sparse stage ``(ids, lengths) -> pooled (B, F, D)`` and dense stage
+    ``(dense, pooled) -> probabilities`` as programs of their own, over the same state
+    names as :func:`export_program`'s (one set of weight files serves all three)."""
+    batch = torch.export.Dim("batch", min=1, max=1 << 20)
+    num_ids = torch.export.Dim("num_ids", min=0, max=1 << 40)
+    num_sparse = len(model.input_features)
+    dense, ids, lengths = example_inputs(model)
+    with torch.no_grad():
+        pooled = model.pool(ids, lengths)
+    specs = {"sparse": (model.pool, (ids, lengths),
+                        {"ids": {0: num_ids}, "lengths": {0: num_sparse * batch}}),
+             "dense": (model.score_pooled, (dense, pooled),
+                       {"dense": {0: batch}, "sparse": {0: batch}})}
+    programs = {}
+    for name, (method, args, shapes) in specs.items():
+        model.forward = method  # type: ignore[method-assign,assignment]  # export traces it
+        try:
+            with torch.no_grad():
+                programs[name] = torch.export.export(model, args, dynamic_shapes=shapes,
+                                                     strict=False)
+        finally:
+            del model.forward
+    return programs
 
 
 def _stripped_copy(program: torch.export.ExportedProgram) -> dict[str, torch.Tensor]:
@@ -249,7 +278,9 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
     key = signing_key(sign_key) if sign_key is not None else None
     model = quantized.model
     program = export_program(model)
+    stages = export_stages(model)
     state = _stripped_copy(program)
+    stage_state = {name: sorted(_stripped_copy(stage)) for name, stage in stages.items()}
     # Staged beside ``out`` under io's temp name (a killed export's folder is cleaned up by
     # the next write there); an old artifact is replaced only once the new one is verified.
     with staged_folder(out, overwrite=overwrite) as stage:
@@ -267,6 +298,9 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
             files[relative] = {"tensors": sorted(tensors)}
         torch.export.save(program, str(stage / PROGRAM))
         files[PROGRAM] = {}
+        for name, stage_program in stages.items():
+            torch.export.save(stage_program, str(stage / STAGE_FILES[name]))
+            files[STAGE_FILES[name]] = {}
         quantized.plan.save(stage / PLAN_FILE)
         files[PLAN_FILE] = {}
         shutil.copyfile(standalone.__file__, stage / LOADER_FILE)
@@ -299,7 +333,9 @@ def write_artifact(quantized: QuantizedModel, out: str | Path, *, overwrite: boo
             entry["sha256"] = file_sha256(stage / relative)
             entry["bytes"] = (stage / relative).stat().st_size
         write_json_atomic(stage / standalone.MANIFEST,
-                          _manifest(quantized, program, state, files, vocabularies))
+                          {**_manifest(quantized, program, state, files, vocabularies),
+                           "stages": {name: {"file": STAGE_FILES[name], "state": names}
+                                      for name, names in stage_state.items()}})
         if key is not None:
             standalone.sign(str(stage), key)
         standalone.verify(str(stage), verify_key=key)

@@ -114,7 +114,16 @@ class ShardedDLRM(nn.Module):
     def forward(self, dense: torch.Tensor, ids: torch.Tensor,
                 lengths: torch.Tensor) -> torch.Tensor:
         """Click probabilities (B,) for one batch in the flat layout (module docstring)."""
-        batch = dense.size(0)
+        return self.score_pooled(dense, self._pool(ids, lengths, dense.size(0)))
+
+    def pool(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The sparse stage alone: pooled embeddings (B, F, D), features in input order.
+
+        ``lengths`` is (F * B,), key-major; a bag of length 0 pools to zeros."""
+        return self._pool(ids, lengths, lengths.size(0) // self.num_sparse_features)
+
+    def _pool(self, ids: torch.Tensor, lengths: torch.Tensor, batch: int | torch.SymInt
+              ) -> torch.Tensor:
         offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])  # (F * B + 1,)
         if self.remap_positions:
             ids = self._remap(ids, offsets, batch)
@@ -124,7 +133,12 @@ class ShardedDLRM(nn.Module):
             pooled.append(shard(ids, offsets[start * batch:end * batch + 1]))  # (B, D_s)
             start = end
         embedded = torch.cat(pooled, dim=1) if len(pooled) > 1 else pooled[0]  # (B, F * D)
-        sparse = embedded.view(batch, self.num_sparse_features, self.embedding_dim)
+        return embedded.view(batch, self.num_sparse_features, self.embedding_dim)
+
+    def score_pooled(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        """The dense stage alone: click probabilities (B,) from dense features (B, F_dense)
+        and pooled embeddings (B, F, D) in input order (:meth:`pool`)."""
+        batch = dense.size(0)
         if not self.identity_order:
             sparse = sparse.index_select(1, self.feature_perm)  # (B, F, D), model order
         sparse = sparse.to(self.compute_dtype)
@@ -147,7 +161,8 @@ class ShardedDLRM(nn.Module):
         logits = self.over_arch(interacted).squeeze(1)  # (B,)
         return torch.sigmoid(logits.float())
 
-    def _remap(self, ids: torch.Tensor, offsets: torch.Tensor, batch: int) -> torch.Tensor:
+    def _remap(self, ids: torch.Tensor, offsets: torch.Tensor, batch: int | torch.SymInt
+               ) -> torch.Tensor:
         """Managed-collision features' raw keys -> slots (read-only; unknown -> row 0)."""
         position = torch.arange(ids.numel(), device=ids.device)  # (N,)
         for feature, remap in zip(self.remap_positions, self.remaps, strict=True):

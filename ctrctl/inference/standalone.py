@@ -18,6 +18,8 @@ Folder::
 
     manifest.json            format, files (sha256, bytes), input contract, state layout
     program.pt2              torch.export program: (dense, ids, lengths) -> probabilities
+    sparse.pt2, dense.pt2    its two stages (format 2): (ids, lengths) -> pooled (B, F, D),
+                             (dense, pooled) -> probabilities: a shared context pooled once
     dense.safetensors        the dense layers' parameters
     tables/shard-00000.safetensors ...   one file of quantized tables per serving shard
     serving_plan.json        which shard holds which table
@@ -63,10 +65,11 @@ import warnings
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 
 FORMAT = "ctrctl.export"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: 1: one program; 2: also its sparse and dense stages as programs of their own ("stages")
+READS_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"  # HMAC-SHA256 of manifest.json's bytes under a shared key
 
@@ -172,9 +175,10 @@ def verify(folder, verify_key=None):
         raise ArtifactError(f"{where}: the manifest is not a JSON object")
     if manifest.get("format") != FORMAT:
         raise ArtifactError(f"{where}: format {manifest.get('format')!r} is not {FORMAT!r}")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READS_VERSIONS:
         raise ArtifactError(f"{where}: format version {manifest.get('format_version')} is "
-                            f"not supported (this loader reads {FORMAT_VERSION})")
+                            f"not supported (this loader reads {READS_VERSIONS}): export it "
+                            "again with this ctrctl, or load it with the ctrctl that wrote it")
     files = manifest.get("files")
     if not isinstance(files, dict):
         raise ArtifactError(f"{where}: 'files' must map each file's path to its sha256 and "
@@ -323,6 +327,12 @@ class ServingModel:
         self.manifest = manifest
         self.contract = manifest["input"]
         self.module = module
+        # The exported module's forward, past the pre-hooks that check every call's inputs
+        # against the export's constraints again (~0.6 ms of a 270-row call);
+        # :meth:`check_inputs` checks shapes, dtypes and id ranges first.
+        self._forward = getattr(module, "forward", module)
+        #: "sparse" and "dense" stage programs (format 2; empty for a format-1 artifact)
+        self.stages = {}
         self.compiled = compiled
         self._hashers = {}
         self._raw_keys = torch.tensor([f["mode"] == "zch" for f in self.contract["sparse"]],
@@ -390,7 +400,24 @@ class ServingModel:
         ids, lengths = ids.to(torch.int64), lengths.to(torch.int64)
         self.check_inputs(dense, ids, lengths)
         with torch.no_grad():
-            return self.module(dense, ids, lengths)
+            return self._forward(dense, ids, lengths)
+
+    def pool(self, ids, lengths):
+        """Format 2's sparse stage: pooled embeddings (B, F, D) in contract order."""
+        batch = lengths.numel() // max(len(self.contract["sparse"]), 1)
+        ids, lengths = ids.to(torch.int64), lengths.to(torch.int64)
+        self.check_inputs(torch.empty(batch, len(self.contract["dense"])), ids, lengths)
+        with torch.no_grad():
+            return self.stages["sparse"](ids, lengths)
+
+    def score_pooled(self, dense, pooled):
+        """Format 2's dense stage: probabilities (B,) of dense (B, F_dense) and pooled
+        (B, F, D) inputs; ``score_pooled(dense, pool(ids, lengths))`` is ``score``, bitwise."""
+        if dense.dim() != 2 or pooled.dim() != 3 or pooled.size(0) != dense.size(0):
+            raise ArtifactError(f"dense (B, F) and pooled (B, F, D) must agree, got "
+                                f"{tuple(dense.shape)} and {tuple(pooled.shape)}")
+        with torch.no_grad():
+            return self.stages["dense"](dense.to(torch.float32), pooled)
 
     # ---- raw columns and rows ---------------------------------------------------------------
     def input_columns(self):
@@ -501,39 +528,20 @@ def load(folder, device="cpu", compile=False, verify_key=None):
         except Exception as exc:
             raise ArtifactError(f"the program runs FBGEMM's embedding kernel but fbgemm_gpu "
                                 f"does not import: {exc}") from None
-    state = {}
-    for relative, entry in sorted(manifest["files"].items()):
-        if not relative.endswith(".safetensors"):
-            continue
-        tensors = load_file(_join(folder, relative), device=str(device))
-        # Floating-point tensors (the dense layers) into memory of torch's own allocator:
-        # safetensors' tensors sit at any offset of the file's buffer, and MKL's GEMM sums
-        # in an order that follows the operands' alignment, so the same layer scored 1 ulp
-        # apart from the trained model's. The quantized tables (bytes) stay as loaded.
-        tensors = {name: t.clone() if t.is_floating_point() else t
-                   for name, t in tensors.items()}
-        expected = set(entry.get("tensors", []))
-        if set(tensors) != expected:
-            raise ArtifactError(f"{_join(folder, relative)}: holds tensors "
-                                f"{sorted(tensors)[:4]}... where the manifest lists "
-                                f"{sorted(expected)[:4]}...")
-        state.update(tensors)
-    exported = torch.export.load(_join(folder, program["file"]))
-    layout = program["state"]
-    missing = sorted(set(layout) - set(state))
-    if missing:
-        raise ArtifactError(f"{folder}: no file holds the program's state {missing[:4]}")
-    for name, spec in layout.items():
-        tensor = state[name]
-        if list(tensor.shape) != spec["shape"] or str(tensor.dtype) != spec["dtype"]:
-            raise ArtifactError(f"{folder}: tensor {name!r} is {tuple(tensor.shape)} "
-                                f"{tensor.dtype}, the program wants {spec['shape']} "
-                                f"{spec['dtype']}")
-        if name not in exported.state_dict:
-            raise ArtifactError(f"{folder}: the program has no state {name!r}")
-        if isinstance(exported.state_dict[name], torch.nn.Parameter):
-            tensor = torch.nn.Parameter(tensor, requires_grad=False)
-        exported.state_dict[name] = tensor
+    programs = program_module()
+    try:
+        state = programs.read_state(manifest["files"], lambda f: _join(folder, f), device)
+        exported = torch.export.load(_join(folder, program["file"]))
+        programs.fill_state(exported, program["state"], state, folder)
+        stages = {name: programs.load_stage(
+            _join(folder, stage["file"]) if stage["file"] in manifest["files"] else None,
+            {n: program["state"][n] for n in stage["state"]}, state, folder)
+            for name, stage in (manifest.get("stages") or {}).items()}
+    except programs.ProgramError as exc:
+        raise ArtifactError(str(exc)) from None
+    except (KeyError, TypeError) as exc:
+        raise ArtifactError(f"{_join(folder, MANIFEST)}: a malformed 'stages' entry ({exc})"
+                            ) from None
     vocabularies = {}
     zch = [i for i, f in enumerate(manifest["input"]["sparse"]) if f["mode"] == "zch"]
     # The program's read-only remaps, in contract order: owned keys, then int64-max padding.
@@ -556,6 +564,7 @@ def load(folder, device="cpu", compile=False, verify_key=None):
                           RuntimeWarning, stacklevel=2)
     serving = ServingModel(folder, manifest, module, vocabularies, compiled)
     serving.zch_keys = zch_keys
+    serving.stages = stages
     return serving
 
 

@@ -166,3 +166,73 @@ def _unfuse_linear_pointwise(module):
         graph.erase_node(node)
     graph.lint()
     module.recompile()
+
+
+# ---- the program's weights, and the stages of a format-2 artifact ------------------------------
+def read_state(files, join, device="cpu"):
+    """Name -> tensor of every safetensors file the manifest lists (``files``: relative path
+    -> entry with its ``tensors``); ``join`` makes a relative path the file's path."""
+    from safetensors.torch import load_file
+
+    state = {}
+    for relative, entry in sorted(files.items()):
+        if not relative.endswith(".safetensors"):
+            continue
+        tensors = load_file(join(relative), device=str(device))
+        # Floating-point tensors (the dense layers) into memory of torch's own allocator:
+        # safetensors' tensors sit at any offset of the file's buffer, and MKL's GEMM sums
+        # in an order that follows the operands' alignment, so the same layer scored 1 ulp
+        # apart from the trained model's. The quantized tables (bytes) stay as loaded.
+        tensors = {name: t.clone() if t.is_floating_point() else t
+                   for name, t in tensors.items()}
+        expected = set(entry.get("tensors", []))
+        if set(tensors) != expected:
+            raise ProgramError(f"{join(relative)}: holds tensors {sorted(tensors)[:4]}... "
+                               f"where the manifest lists {sorted(expected)[:4]}...")
+        state.update(tensors)
+    return state
+
+
+def fill_state(exported, layout, state, where):
+    """Put the artifact's tensors into ``exported`` (a program saved without weights).
+
+    Args:
+        exported: the loaded ``torch.export`` program.
+        layout: name -> {"shape", "dtype"}: the tensors the manifest says it takes.
+        state: name -> tensor, read from the artifact's safetensors files.
+        where: the artifact folder (for messages).
+
+    Raises:
+        ProgramError: a tensor missing, of another shape or dtype, or unknown to the program.
+    """
+    missing = sorted(set(layout) - set(state))
+    if missing:
+        raise ProgramError(f"{where}: no file holds the program's state {missing[:4]}")
+    for name, spec in layout.items():
+        tensor = state[name]
+        if list(tensor.shape) != spec["shape"] or str(tensor.dtype) != spec["dtype"]:
+            raise ProgramError(f"{where}: tensor {name!r} is {tuple(tensor.shape)} "
+                               f"{tensor.dtype}, the program wants {spec['shape']} "
+                               f"{spec['dtype']}")
+        if name not in exported.state_dict:
+            raise ProgramError(f"{where}: the program has no state {name!r}")
+        if isinstance(exported.state_dict[name], torch.nn.Parameter):
+            tensor = torch.nn.Parameter(tensor, requires_grad=False)
+        exported.state_dict[name] = tensor
+
+
+def load_stage(path, layout, state, where):
+    """One stage program of a format-2 artifact (``sparse``: ``(ids, lengths) -> pooled
+    (B, F, D)``; ``dense``: ``(dense, pooled) -> probabilities``), checked and filled with
+    the artifact's tensors (the same tensors as the whole program: nothing is copied).
+
+    Returns:
+        The stage's forward: a callable on tensors.
+    """
+    if path is None:
+        raise ProgramError(f"{where}: a stage program is not among the manifest's files")
+    check_program_archive(path)
+    exported = torch.export.load(path)
+    fill_state(exported, layout, state, where)
+    module = exported.module()
+    return module.forward  # past the per-call constraint hooks (the loader checks inputs)

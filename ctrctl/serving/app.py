@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import time
@@ -42,7 +41,7 @@ from ctrctl.serving.config import ENV, ServeConfig
 from ctrctl.serving.metrics import Metrics
 from ctrctl.serving.models import Reloader, Router, Slot, load_slot
 from ctrctl.serving.request_log import RequestLog
-from ctrctl.serving.requests import ClientError, Parser, count_missing
+from ctrctl.serving.requests import ClientError, Parser, count_missing, encode_response
 from ctrctl.serving.source import ModelSource
 
 logger = logging.getLogger(__name__)
@@ -65,6 +64,7 @@ class ServerState:
         self.log: RequestLog | None = None
         self.load_error: str | None = None
         self.tasks: list[asyncio.Task[Any]] = []
+        self._feature_counters: dict[str, tuple[Any, Any]] = {}
 
     async def start(self) -> None:
         """Load and warm the models, then serve (``/readyz`` turns 200)."""
@@ -111,11 +111,17 @@ class ServerState:
 
     def count_features(self, columns: Mapping[str, Sequence[Any]], n_rows: int) -> None:
         assert self.parser is not None
-        metrics = self.metrics
+        if not self._feature_counters:  # a label lookup per feature and request adds up
+            self._feature_counters = {
+                name: (self.metrics.feature_values.labels(name),
+                       self.metrics.feature_missing.labels(name))
+                for name in self.parser.columns}
+        counters = self._feature_counters
         for name, missing in count_missing(columns, self.parser.columns, n_rows).items():
-            metrics.feature_values.labels(name).inc(n_rows)
+            values, missed = counters[name]
+            values.inc(n_rows)
             if missing:
-                metrics.feature_missing.labels(name).inc(missing)
+                missed.inc(missing)
 
 
 def _error_response(exc: ClientError, request_id: str) -> JSONResponse:
@@ -195,9 +201,8 @@ def create_app(config: ServeConfig) -> FastAPI:
             version = slot.version
             if state.log is not None:
                 state.log.append(request_id, version, every_row, scores.tolist())
-            payload = {"scores": scores.tolist(), "model": slot.resolved.info(),
-                       "request_id": request_id}
-            response: Response = Response(json.dumps(payload).encode(),
+            response: Response = Response(encode_response(scores, slot.resolved.info(),
+                                                          request_id),
                                           media_type="application/json",
                                           headers={"X-Request-Id": request_id,
                                                    "X-Model-Version": version})

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -95,14 +96,21 @@ class Batcher:
         self.seconds_per_row = 0.0  # measured; 0 until the first batch (or warm-up)
         self.queued_rows = 0
         self._busy_until = 0.0  # when the batch being scored should end (time.monotonic())
+        self._last_end = -math.inf  # when the last batch ended (time.monotonic())
         self._jobs: collections.deque[Job] = collections.deque()
         self._arrival = asyncio.Event()
         self._executor = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix=f"ctrctl-score-{version}")
         self._task: asyncio.Task[None] | None = None
         self._closed = False
-        self._vocab_features = [i for i, f in enumerate(model.contract["sparse"])
-                                if f["mode"] == "vocab" and not f.get("separator")]
+        # (position, name, whether a missing value takes id 0 as an unseen one does):
+        # the ids of one all-missing row give each vocabulary feature's id of a missing value
+        sparse = model.contract["sparse"]
+        vocab = [i for i, f in enumerate(sparse)
+                 if f["mode"] == "vocab" and not f.get("separator")]
+        _, ids, lengths = model_api.encode_columns(model, {}, 1)
+        missing_ids = [chunk.tolist() for chunk in torch.split(ids, lengths.tolist())]
+        self._vocab_features = [(i, sparse[i]["name"], missing_ids[i] == [0]) for i in vocab]
 
     def warm(self, columns: Mapping[str, Sequence[Any]], n_rows: int, repeats: int = 3) -> None:
         """Score a batch a few times (first calls are slow) and measure seconds per row."""
@@ -174,7 +182,11 @@ class Batcher:
                     return
                 self._arrival.clear()
                 await self._arrival.wait()
-            flush_at = self._jobs[0].arrived + self.max_wait_s
+            # Wait for company only under load (a batch ended within the wait): a request
+            # reaching an idle server is scored at once, and under load the requests that
+            # queue while a batch is scored form the next one anyway.
+            busy = time.monotonic() - self._last_end < self.max_wait_s
+            flush_at = self._jobs[0].arrived + (self.max_wait_s if busy else 0.0)
             while self.queued_rows < self.max_batch_rows and not self._closed:
                 wait = flush_at - time.monotonic()
                 if wait <= 0:
@@ -198,7 +210,8 @@ class Batcher:
             if not batch:
                 continue
             self._busy_until = time.monotonic() + rows * self.seconds_per_row
-            results = await loop.run_in_executor(self._executor, self._score, batch)
+            results, scores = await loop.run_in_executor(self._executor, self._score, batch)
+            self._last_end = time.monotonic()
             for job, result in zip(batch, results, strict=True):
                 if job.future.done():
                     continue
@@ -206,47 +219,73 @@ class Batcher:
                     job.future.set_exception(result)
                 else:
                     job.future.set_result(result)
+            if scores is not None:  # after the answers: the handlers resumed first run first
+                loop.call_soon(self._observe_scores, scores)
 
-    def _score(self, batch: list[Job]) -> list[np.ndarray | BaseException]:
-        """On the compute thread: encode each job, score the good ones in one call."""
+    def _observe_scores(self, scores: np.ndarray) -> None:
+        histogram = self.metrics.score.labels(self.version)
+        for value in scores.tolist():
+            histogram.observe(value)
+
+    def _score(self, batch: list[Job]
+               ) -> tuple[list[np.ndarray | BaseException], np.ndarray | None]:
+        """On the compute thread: encode each job, score the good ones in one call.
+
+        Returns:
+            Per job its scores or its error, and every score of the batch (None if none)."""
         start = time.monotonic()
         results: list[np.ndarray | BaseException | None] = [None] * len(batch)
         parts: list[tuple[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
+        pooled_parts: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (job, dense, pooled)
         for i, job in enumerate(batch):
             if job.abandoned or start > job.deadline:
                 results[i] = Overloaded("timeout")
                 continue
             self.metrics.queue_wait.labels(self.version).observe(start - job.arrived)
             try:
-                inputs = (encode_with_context(self.model, job.columns, job.n_rows, job.context)
-                          if job.context else
-                          model_api.encode_columns(self.model, job.columns, job.n_rows))
+                pooled = (pool_with_context(self.model, job.columns, job.n_rows, job.context)
+                          if job.context else None)
+                if pooled is not None:
+                    dense, embedded, inputs = pooled
+                    pooled_parts.append((i, dense, embedded))
+                else:
+                    inputs = (encode_with_context(self.model, job.columns, job.n_rows,
+                                                  job.context) if job.context else
+                              model_api.encode_columns(self.model, job.columns, job.n_rows))
+                    parts.append((i, inputs))
             except model_api.InputError as exc:
                 results[i] = exc
                 continue
             except model_api.ArtifactError as exc:
                 results[i] = model_api.input_error(str(exc))
                 continue
-            parts.append((i, inputs))
             self._count_oov(job, inputs)
-        if parts:
-            merged = merge_inputs([p for _, p in parts], self.num_sparse)
-            rows = merged[0].size(0)
+        if parts or pooled_parts:
+            merged = merge_inputs([p for _, p in parts], self.num_sparse) if parts else None
+            if pooled_parts:  # through the two stages: the other jobs' lookups as one call
+                dense_parts = [d for _, d, _ in pooled_parts]
+                embedded_parts = [e for _, _, e in pooled_parts]
+                if merged is not None:
+                    dense_parts.insert(0, merged[0])
+                    embedded_parts.insert(0, self.model.pool(merged[1], merged[2]))
+                scores = self.model.score_pooled(torch.cat(dense_parts),
+                                                 torch.cat(embedded_parts)).numpy()
+            else:
+                assert merged is not None
+                scores = self.model.score(*merged).numpy()
+            rows = len(scores)
             self.metrics.batch_rows.labels(self.version).observe(rows)
-            scores = self.model.score(*merged).numpy()
             # encoding and scoring: what a queued row will cost (the deadline test's rate)
             per_row = (time.monotonic() - start) / rows
             self.seconds_per_row = (per_row if self.seconds_per_row == 0
                                     else 0.8 * self.seconds_per_row + 0.2 * per_row)
             offset = 0
-            histogram = self.metrics.score.labels(self.version)
-            for i, inputs in parts:
-                n = inputs[0].size(0)
+            for i, n in ([(i, p[0].size(0)) for i, p in parts]
+                         + [(i, d.size(0)) for i, d, _ in pooled_parts]):
                 results[i] = scores[offset:offset + n]
                 offset += n
-            for value in scores.tolist():
-                histogram.observe(value)
-        return [r if r is not None else RuntimeError("not scored") for r in results]
+        return ([r if r is not None else RuntimeError("not scored") for r in results],
+                scores if parts or pooled_parts else None)
 
     def _count_oov(self, job: Job, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
                    ) -> None:
@@ -259,19 +298,26 @@ class Batcher:
                     self.metrics.zch_default.labels(name).inc(n)
         if not self._vocab_features:
             return
+        # Ids 0 per feature in one pass; a vocabulary maps an unseen value to 0, and a
+        # missing one to its null id (0 too when no null was seen in training).
         _, ids, lengths = inputs
-        per_feature = lengths.view(self.num_sparse, -1).sum(1).tolist()
-        chunks = torch.split(ids, per_feature)
-        sparse = self.model.contract["sparse"]
-        for f in self._vocab_features:
-            name = sparse[f]["name"]
+        per_feature = lengths.view(self.num_sparse, -1).sum(1)  # (F,)
+        feature_of_id = torch.repeat_interleave(torch.arange(self.num_sparse), per_feature)
+        zeros = torch.zeros(self.num_sparse, dtype=torch.int64).index_add_(
+            0, feature_of_id, (ids == 0).to(torch.int64))  # (F,) ids 0 per feature
+        counts, per_row = zeros.tolist(), per_feature.tolist()
+        for f, name, missing_is_zero in self._vocab_features:
             values = job.columns.get(name)
-            if values is None or per_feature[f] != job.n_rows:
+            if values is None or per_row[f] != job.n_rows:
                 continue
-            present = torch.tensor([v is not None for v in values], dtype=torch.bool)
-            oov = int(((chunks[f] == 0) & present).sum())
+            oov = counts[f] - (_missing(values) if missing_is_zero else 0)
             if oov:
                 self.metrics.feature_oov.labels(name).inc(oov)
+
+
+def _missing(values: Sequence[Any]) -> int:
+    """Values the encoder takes as missing: None and "" (as the preprocess step)."""
+    return values.count(None) + values.count("")
 
 
 def merge_inputs(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
@@ -315,18 +361,8 @@ def encode_with_context(model: Any, columns: Mapping[str, Sequence[Any]], n_rows
         every_row = {**columns, **{name: [value] * n_rows for name, value in context.items()}}
         return model_api.encode_columns(model, every_row, n_rows)
     dense, ids, lengths = model_api.encode_columns(model, columns, n_rows)
-    try:
-        c_dense, c_ids, c_lengths = model_api.encode_columns(
-            model, {name: [value] for name, value in context.items()}, 1)
-    except model_api.InputError as exc:
-        feature = getattr(exc, "feature", None)
-        raise model_api.input_error(f"context: {exc}", feature=f"context.{feature}",
-                                    expected=getattr(exc, "expected", None)) from None
-    names = [f["name"] for f in contract["dense"]]
-    shared = [j for j, name in enumerate(names) if name in context]
-    if shared:
-        dense = dense.clone()
-        dense[:, shared] = c_dense[:, shared]  # (B, len(shared)) <- (1, len(shared))
+    c_dense, c_ids, c_lengths = _encode_context(model, context)
+    dense = _broadcast_dense(model, dense, c_dense, context)
     num_sparse = len(contract["sparse"])
     per_row = lengths.view(num_sparse, n_rows)  # (F, B)
     c_per_row = c_lengths.view(num_sparse, 1)  # (F, 1)
@@ -341,3 +377,78 @@ def encode_with_context(model: Any, columns: Mapping[str, Sequence[Any]], n_rows
             out_ids.append(chunks[f])
             out_lengths.append(per_row[f])
     return dense, torch.cat(out_ids), torch.cat(out_lengths)
+
+
+def pool_with_context(model: Any, columns: Mapping[str, Sequence[Any]], n_rows: int,
+                      context: Mapping[str, Any]
+                      ) -> tuple[torch.Tensor, torch.Tensor,
+                                 tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None:
+    """The dense stage's inputs of ``n_rows`` candidates sharing ``context``, each context
+    feature looked up once: (dense (B, F_dense), pooled (B, F, D), the candidates' own
+    model inputs); None where the artifact has no stages (format 1), runs compiled, or the
+    context holds a raw column that features are derived from (then
+    :func:`encode_with_context`).
+
+    The candidates' bags of a context feature are left empty (length 0: no lookup), the
+    context's row (its features only) is pooled in the same call, after the candidates',
+    and its (1, F_ctx, D) vectors are broadcast into those places: the scores are bitwise
+    those of the merged rows (every bag pools on its own)::
+
+        lengths (F, B + 1):  candidate features as encoded, context features 0 | context row
+        pooled (B + 1, F, D) -> pooled[:B] with [:B, ctx] <- pooled[B, ctx]
+
+    Raises:
+        InputError: a bad context value (``feature`` prefixed ``context.``) or candidate value.
+    """
+    contract = model.contract
+    features = {f["name"] for part in ("dense", "sparse") for f in contract[part]}
+    if (not getattr(model, "stages", None) or getattr(model, "compiled", False)
+            or not set(context) <= features):
+        return None
+    dense, ids, lengths = model_api.encode_columns(model, columns, n_rows)
+    c_dense, c_ids, c_lengths = _encode_context(model, context)
+    dense = _broadcast_dense(model, dense, c_dense, context)
+    shared = [f["name"] in context for f in contract["sparse"]]
+    in_context = torch.tensor(shared, dtype=torch.bool)  # (F,)
+    own_ids, own_lengths = _keep_features(ids, lengths, shared, keep=False)  # (F * B,)
+    ctx_ids, ctx_lengths = _keep_features(c_ids, c_lengths, shared, keep=True)  # (F,)
+    # one lookup call: the context's row after the candidates' (B + 1 rows, key-major)
+    _, both_ids, both_lengths = merge_inputs(
+        [(dense, own_ids, own_lengths), (c_dense, ctx_ids, ctx_lengths)], len(shared))
+    pooled = model.pool(both_ids, both_lengths)  # (B + 1, F, D)
+    if any(shared):
+        pooled[:n_rows, in_context] = pooled[n_rows:, in_context]  # <- (1, F_ctx, D)
+    return dense, pooled[:n_rows], (dense, own_ids, own_lengths)
+
+
+def _keep_features(ids: torch.Tensor, lengths: torch.Tensor, shared: list[bool], keep: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs with only the features whose ``shared`` flag is ``keep``; the others' bags
+    empty (length 0)."""
+    per_row = lengths.view(len(shared), -1)  # (F, B)
+    chunks = torch.split(ids, per_row.sum(1).tolist())
+    kept = torch.cat([ids[:0], *(c for c, s in zip(chunks, shared, strict=True) if s == keep)])
+    drop = torch.tensor([s != keep for s in shared], dtype=torch.bool)
+    return kept, per_row.masked_fill(drop[:, None], 0).reshape(-1)
+
+
+def _encode_context(model: Any, context: Mapping[str, Any]
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The context as one row of model inputs; its errors name ``context.FEATURE``."""
+    try:
+        return model_api.encode_columns(model, {k: [v] for k, v in context.items()}, 1)
+    except model_api.InputError as exc:
+        feature = getattr(exc, "feature", None)
+        raise model_api.input_error(f"context: {exc}", feature=f"context.{feature}",
+                                    expected=getattr(exc, "expected", None)) from None
+
+
+def _broadcast_dense(model: Any, dense: torch.Tensor, c_dense: torch.Tensor,
+                     context: Mapping[str, Any]) -> torch.Tensor:
+    """``dense`` (B, F_dense) with the context's dense features (1, F_dense) in every row."""
+    names = [f["name"] for f in model.contract["dense"]]
+    shared = [j for j, name in enumerate(names) if name in context]
+    if shared:
+        dense = dense.clone()
+        dense[:, shared] = c_dense[:, shared]  # (B, len(shared)) <- (1, len(shared))
+    return dense

@@ -33,7 +33,7 @@ class ServeConfig:
         poll_s: how often an alias URI is resolved again (0: never).
         tracking_uri: the MLflow store of ``models:/`` URIs.
         cache_dir: where registry models are downloaded (None: ~/.cache/ctrctl/models).
-        threads: torch threads per worker (None: cores / workers).
+        threads: torch threads per worker (None: cores / workers - 1, at least 1).
         verify_key: a key file: every model served must carry a signature made with it
             (``ctrctl quantize --sign``); None: no signature needed.
         bundle: a recommendation bundle whose ranker is ``model``: adds POST /v1/recommend
@@ -79,9 +79,15 @@ class ServeConfig:
                 raise ConfigError(message, where="ctrctl serve")
 
     def torch_threads(self) -> int:
+        """``threads``, else the cores a worker has less one for its event loop (>= 1).
+
+        On 2 cores (one worker) a 270-row call scored in 1.6 ms on one torch thread and in
+        119-172 ms on two at load average 8-10 (``scripts/profile_serve.py``): a second
+        torch thread competes with the event loop parsing the next request, and OpenMP's
+        threads wait for each other when one of them is descheduled."""
         if self.threads:
             return self.threads
-        return max(1, (os.cpu_count() or 1) // self.workers)
+        return max(1, (os.cpu_count() or 1) // self.workers - 1)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
