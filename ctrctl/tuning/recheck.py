@@ -5,7 +5,9 @@ the best val metric is mostly the one that fitted that sample's noise best (meas
 shared samples: the val winner lost to the defaults on test on Avazu and Criteo). So after
 the search the ``finalists`` best completed trials, and the base config's trial, are each
 trained again on ``holdouts`` other splits of the same rows, and the winner is the
-candidate with the best **mean** over its own val metric and its holdout metrics.
+candidate with the best **mean over the holdouts**. The search's own val metric does not
+count: the finalists were picked by it, so it flatters them (on the Criteo sample every
+finalist beat the defaults on val and lost to them on both holdouts).
 
 A holdout split keeps the train split's size: its val rows are a fresh draw of as many rows
 as the val split holds, taken from train (disjoint from val and from the other holdouts);
@@ -62,7 +64,9 @@ class Candidate:
 
     @property
     def score(self) -> float:
-        return statistics.fmean(self.values)
+        """The mean over the holdouts. The search's own val metric is left out: the
+        finalists were chosen by it, so it is biased in their favour (the base's is not)."""
+        return statistics.fmean(self.values[1:] or self.values)
 
 
 def holdout_views(view: Path, folder: Path, val_split: str, holdouts: int,
@@ -119,7 +123,8 @@ def _candidates(study: Any, finalists: int) -> list[Any]:
 
 def recheck(study: Any, out: Path, view: Path, metric: str, val_split: str,
             finalists: int, holdouts: int, seed: int = 0) -> tuple[int, list[Candidate]]:
-    """Train the finalists on the holdout splits; the trial with the best mean, and all.
+    """Train the finalists on the holdout splits; the trial with the best holdout mean, and
+    every candidate.
 
     Returns the winner's trial number and every candidate (best first). With fewer than two
     candidates, or ``holdouts`` 0, the search's best trial wins unchecked.

@@ -13,7 +13,7 @@ from optuna.distributions import FloatDistribution
 
 from ctrctl.config import load_config
 from ctrctl.testing.datasets import make_dataset
-from ctrctl.tuning.recheck import RECORD, holdout_views, recheck
+from ctrctl.tuning.recheck import RECORD, Candidate, holdout_views, recheck
 from ctrctl.tuning.trial import training_view, write_trial_config
 
 BASE = ["training.epochs=1", "training.num_workers=0", "training.batch_size=64"]
@@ -48,8 +48,8 @@ def test_holdouts_draw_fresh_val_rows_from_train_and_keep_its_size(tmp_path: Pat
 
 
 def test_a_val_fluke_loses_the_recheck_to_the_base(tmp_path: Path) -> None:
-    """Trial 1 is recorded with a val logloss better than the base's, but its learning
-    rate (1e-5) barely trains: on the fresh val samples the base wins the mean."""
+    """Trial 1 is recorded with a val logloss better than the base's, but its learning rate
+    (1e-5) barely trains: on the fresh val samples the base wins the mean."""
     from ctrctl.testing.threads import torch_threads
 
     dataset = tmp_path / "data"
@@ -93,3 +93,8 @@ def test_no_recheck_leaves_the_val_winner(tmp_path: Path, finalists: int,
                                  holdouts)
     assert winner == 1 and candidates[0].values == (0.8,)
     assert not (tmp_path / RECORD).exists()
+
+
+def test_the_search_value_a_finalist_was_picked_by_does_not_count() -> None:
+    assert Candidate(1, False, (0.10, 0.50, 0.70)).score == pytest.approx(0.60)
+    assert Candidate(0, True, (0.40,)).score == pytest.approx(0.40)  # nothing rechecked
