@@ -45,6 +45,13 @@ def tune_command(
     nproc_per_node: Annotated[int, typer.Option(
         "--nproc-per-node", min=1, help="Processes per trial, through the training "
         "launcher.")] = 1,
+    finalists: Annotated[int, typer.Option(
+        min=0, help="After the search, the best completed trials that are trained again on "
+        "fresh val samples together with the base config's trial; the best mean wins (0: "
+        "the best val metric wins unchecked).")] = 3,
+    holdouts: Annotated[int, typer.Option(
+        min=0, help="Fresh val samples (drawn from train, as large as val) each finalist "
+        "is trained on.")] = 2,
     tracking_uri: TrackingUri = None,
     no_track: NoTrack = False,
     experiment: Experiment = "ctrctl",
@@ -60,7 +67,8 @@ def tune_command(
     request = TuneRequest(dataset=dataset, out=out, config=config,
                           overrides=tuple(overrides or ()), trials=trials,
                           timeout_s=timeout_s, metric=metric, space=space, seed=seed,
-                          pruner=pruner, parallel=parallel, nproc_per_node=nproc_per_node)
+                          pruner=pruner, parallel=parallel, nproc_per_node=nproc_per_node,
+                          finalists=finalists, holdouts=holdouts)
     result = tune(request, tracker=tracker_from(no_track, tracking_uri, experiment))
     counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(result.counts.items()))
     per = f", {result.seconds_per_trial:.1f} s per trial" if result.seconds_per_trial else ""
@@ -75,6 +83,10 @@ def tune_command(
     for key, value in sorted(result.best_params.items()):
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     console.print(table)
+    if len(result.recheck) > 1:
+        means = ", ".join(f"trial {c['trial']}{' (base)' if c['base'] else ''} "
+                          f"{c['mean']:.5f}" for c in result.recheck)
+        console.print(f"rechecked on fresh val samples (mean {result.metric}): {means}")
     console.print(f"best config: {escape(str(result.best_yaml))}; checkpoint: "
                   f"{escape(str(result.best))}")
 

@@ -38,6 +38,7 @@ from ctrctl.io import check_output_location, output_lock
 from ctrctl.tracking import Tracker
 from ctrctl.training.sizes import auto_batch_size
 from ctrctl.tuning.outputs import write_best, write_plots, write_trials
+from ctrctl.tuning.recheck import describe, recheck
 from ctrctl.tuning.space import (
     Param,
     default_space,
@@ -85,6 +86,10 @@ class TuneRequest:
         pruner: ``median``, ``halving`` or ``none``.
         parallel: trials at once, each on ``cores / parallel`` threads.
         nproc_per_node: processes per trial (through the training launcher).
+        finalists: the best completed trials retrained on fresh val samples after the
+            search, with the base config's trial (0: the best val metric wins unchecked;
+            :mod:`~ctrctl.tuning.recheck`).
+        holdouts: the fresh val samples each finalist is trained on.
     """
 
     dataset: Path
@@ -99,6 +104,8 @@ class TuneRequest:
     pruner: str = "median"
     parallel: int = 1
     nproc_per_node: int = 1
+    finalists: int = 3
+    holdouts: int = 2
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,8 @@ class TuneResult:
         counts: trials by state (``COMPLETE``, ``PRUNED``, ``FAIL`` ...).
         seconds_per_trial: median wall time of the finished trials.
         parent_run_id: the MLflow run holding one child run per trial.
+        recheck: the finalists' val metrics (their own, then one per holdout) and means,
+            best first; the first is the best trial.
     """
 
     out: Path
@@ -127,6 +136,7 @@ class TuneResult:
     seconds_per_trial: float | None
     parent_run_id: str | None = None
     space: list[str] = field(default_factory=list)
+    recheck: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _pruner(name: str, trials: int) -> Any:
@@ -209,6 +219,8 @@ def _base(request: TuneRequest) -> PipelineConfig:
                           hint=f"use one of {', '.join(PRUNERS)}")
     if request.trials < 1 or request.parallel < 1 or request.nproc_per_node < 1:
         raise ConfigError("--trials, --parallel and --nproc-per-node must be at least 1")
+    if request.finalists < 0 or request.holdouts < 0:
+        raise ConfigError("--finalists and --holdouts must be 0 or more")
     # Early stopping watches the searched metric, so each trial keeps its best weights by it.
     key = request.metric.removeprefix("val.")
     return load_config(request.config, [*request.overrides,
@@ -304,11 +316,15 @@ def tune(request: TuneRequest, tracker: Tracker | None = None) -> TuneResult:
                                callbacks=[optuna.study.MaxTrialsCallback(
                                    request.trials, states=(optuna.trial.TrialState.COMPLETE,
                                                            optuna.trial.TrialState.PRUNED))])
-            result = _write_outputs(study, request, space, parent_id)
+            result = _write_outputs(study, request, space, parent_id, view,
+                                    base.training.val_split)
             if result.best_value is not None:
                 parent.log_metrics({f"best.{request.metric}": result.best_value,
                                     "trials.pruned": float(result.counts.get("PRUNED", 0))})
                 parent.log_params({f"best.{k}": v for k, v in result.best_params.items()})
+                if len(result.recheck) > 1:
+                    parent.log_metrics({f"recheck.trial_{c['trial']}.mean": c["mean"]
+                                        for c in result.recheck})
                 for path in [result.trials_path, *result.plots]:
                     parent.log_artifact(path)
                 if result.best_yaml is not None:
@@ -317,7 +333,7 @@ def tune(request: TuneRequest, tracker: Tracker | None = None) -> TuneResult:
 
 
 def _write_outputs(study: Any, request: TuneRequest, space: Sequence[Param],
-                   parent_id: str | None) -> TuneResult:
+                   parent_id: str | None, view: Path, val_split: str) -> TuneResult:
     out = request.out
     trials_path = write_trials(study, out / "trials.parquet")
     plots = write_plots(study, out)
@@ -331,9 +347,13 @@ def _write_outputs(study: Any, request: TuneRequest, space: Sequence[Param],
     best_value: float | None = None
     params: dict[str, Any] = {}
     number = None
+    checked: list[dict[str, Any]] = []
     if done:
-        trial = study.best_trial
-        number, best_value, params = trial.number, trial.value, dict(trial.params)
+        number, candidates = recheck(study, out, view, request.metric, val_split,
+                                     request.finalists, request.holdouts, request.seed)
+        checked = describe(candidates)
+        trial = study.trials[number]
+        best_value, params = trial.value, dict(trial.params)
         config = parse_config(json.loads(Path(trial.user_attrs["config"]).read_text()))
         best_yaml, best = write_best(out, config, Path(trial.user_attrs["folder"]))
     else:
@@ -342,4 +362,5 @@ def _write_outputs(study: Any, request: TuneRequest, space: Sequence[Param],
                       best_params=params, best_number=number, best_yaml=best_yaml, best=best,
                       trials_path=trials_path, plots=plots, counts=counts,
                       seconds_per_trial=statistics.median(seconds) if seconds else None,
-                      parent_run_id=parent_id, space=[p.describe() for p in space])
+                      parent_run_id=parent_id, space=[p.describe() for p in space],
+                      recheck=checked)

@@ -52,7 +52,8 @@ class Searched:
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory: pytest.TempPathFactory) -> Searched:
     """One 4-trial search of the embedding lr from a planted bad one (1e-5), tracked, with
-    the test split's folder watched for opens."""
+    the test split's folder watched for opens (the recheck of the best trial against the
+    base's included)."""
     from ctrctl.testing.threads import torch_threads
 
     tmp = tmp_path_factory.mktemp("tune")
@@ -63,7 +64,8 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> Searched:
     try:
         with torch_threads(1):
             result = tune(TuneRequest(dataset=dataset, out=tmp / "tune", overrides=BASE,
-                                      trials=4, space=space, seed=1, pruner="none"),
+                                      trials=4, space=space, seed=1, pruner="none",
+                                      finalists=1),
                           tracker=make_tracker(True, uri, "tune-test"))
         opened = watch.opened()
         # the watch sees an open when there is one (so an empty list above means none)
@@ -116,6 +118,8 @@ def test_best_yaml_trains_to_the_same_val_metric(searched: Searched, tmp_path: P
 def test_the_test_split_is_never_opened(searched: Searched) -> None:
     assert searched.opened_test_files == []
     assert not (searched.out / ".view" / "test").exists()
+    assert [c["trial"] for c in searched.result.recheck][-1] == 0  # the recheck ran
+    assert not list((searched.out / ".holdouts").glob("*/test"))
 
 
 def test_mlflow_holds_one_child_run_per_trial(searched: Searched) -> None:
