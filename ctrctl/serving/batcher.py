@@ -15,6 +15,12 @@ Load is shed, not queued without limit: a request that would take the queue past
 the measured seconds per row) is refused at once with :class:`Overloaded` (a 503 with
 ``Retry-After``), and a request still queued at its deadline is dropped the same way.
 
+A request that reaches an idle batcher (nothing queued, nothing being scored, no batch ended
+within ``max_wait_s``) is scored on the event loop's own thread, with no hop to the compute
+thread and back: two thread wake-ups, which a busy machine makes cost milliseconds. The
+loop is blocked for that one call; a request arriving meanwhile finds the batcher busy and
+queues, so under load requests are batched as before.
+
 Example:
     >>> batcher = Batcher(model, metrics, "3", max_batch_rows=2048, max_wait_s=0.002)
     >>> batcher.start()
@@ -103,6 +109,9 @@ class Batcher:
             1, thread_name_prefix=f"ctrctl-score-{version}")
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._in_flight = False  # a batch is on the compute thread
+        #: Requests scored on the event loop's thread (idle batcher), for tests and metrics.
+        self.inline_requests = 0
         # (position, name, whether a missing value takes id 0 as an unseen one does):
         # the ids of one all-missing row give each vocabulary feature's id of a missing value
         sparse = model.contract["sparse"]
@@ -150,6 +159,8 @@ class Batcher:
             raise Overloaded("deadline", self._retry_after())
         job = Job(columns, n_rows, now, deadline, asyncio.get_running_loop().create_future(),
                   context or None)
+        if self._idle(now) and n_rows <= self.max_batch_rows:
+            return self._score_inline(job)
         self.queued_rows += n_rows
         self._jobs.append(job)
         self._arrival.set()
@@ -162,6 +173,28 @@ class Batcher:
             job.abandoned = True
             self.queued_rows -= n_rows
             raise Overloaded("timeout", self._retry_after()) from None
+
+    def _idle(self, now: float) -> bool:
+        """Nothing queued, nothing on the compute thread, and no batch ended within the
+        batching wait (the rule by which :meth:`_run` waits for company)."""
+        return (not self._jobs and not self._in_flight
+                and now - self._last_end >= self.max_wait_s)
+
+    def _score_inline(self, job: Job) -> np.ndarray:
+        """Score ``job`` now, on the calling (event loop) thread."""
+        self.inline_requests += 1
+        job.taken = True
+        self._busy_until = time.monotonic() + job.n_rows * self.seconds_per_row
+        try:
+            results, scores = self._score([job])
+        finally:
+            self._last_end = time.monotonic()
+        if scores is not None:
+            asyncio.get_running_loop().call_soon(self._observe_scores, scores)
+        [result] = results
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def check_admission(self, deadline: float) -> None:
         """Refuse (:class:`Overloaded`) before the body is even read when the queue ahead
@@ -210,8 +243,13 @@ class Batcher:
             if not batch:
                 continue
             self._busy_until = time.monotonic() + rows * self.seconds_per_row
-            results, scores = await loop.run_in_executor(self._executor, self._score, batch)
-            self._last_end = time.monotonic()
+            self._in_flight = True
+            try:
+                results, scores = await loop.run_in_executor(self._executor, self._score,
+                                                             batch)
+            finally:
+                self._in_flight = False
+                self._last_end = time.monotonic()
             for job, result in zip(batch, results, strict=True):
                 if job.future.done():
                     continue

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from ctrctl.inference.export import load_artifact
 from ctrctl.serving import model_api
@@ -150,3 +151,39 @@ def test_bodies_the_fast_path_declines_get_pydantics_answer(body: bytes) -> None
     parser = Parser(COLUMNS, max_rows=10)
     assert parser._fast(body, "rows", frozenset({"rows"})) is None
     assert _outcome(parser, body, "score") == _slow(parser, body, "score")
+
+
+def test_an_idle_request_is_scored_inline_and_company_is_batched(exported: Exported) -> None:
+    """The first request finds the batcher idle and is scored on the loop's thread; two that
+    arrive while it is busy queue and share one model call. Scores equal the model's own."""
+    model = load_artifact(exported.export)
+    names = model_api.input_columns(model)
+    records = exported.records(12)
+    parts = [records[:4], records[4:9], records[9:]]
+    columns = [{n: [r.get(n) for r in part] for n in names} for part in parts]
+    metrics = Metrics()
+
+    async def run() -> tuple[list[np.ndarray], int]:
+        batcher = Batcher(model, metrics, "v", max_wait_s=0.05)
+        batcher.start()
+        deadline = time.monotonic() + 30.0
+        got = await asyncio.gather(*(batcher.submit(c, len(p), deadline)
+                                     for c, p in zip(columns, parts, strict=True)))
+        inline = batcher.inline_requests
+        await batcher.stop()
+        return list(got), inline
+
+    got, inline = asyncio.run(run())
+    assert inline == 1
+    expected = [np.asarray(model_api.score_columns(model, c, len(p)))
+                for c, p in zip(columns, parts, strict=True)]
+    np.testing.assert_array_equal(got[0], expected[0])  # alone, as the model's own call
+    # the other two shared one call: a larger GEMM may round the last bit differently
+    for scores, want in zip(got[1:], expected[1:], strict=True):
+        torch.testing.assert_close(torch.from_numpy(scores), torch.from_numpy(want))
+    batches = metrics.batch_rows.labels("v")
+    assert batches._sum.get() == 12 and _count(batches) == 2  # 4 alone, then 5 + 3 as one
+
+
+def _count(histogram: Any) -> float:
+    return sum(bucket.get() for bucket in histogram._buckets)
