@@ -517,6 +517,9 @@ class TuneStepConfig(_Section):
             built-in space; see ``ctrctl tune --space``).
         seed: the sampler's seed.
         pruner: ``median``, ``halving`` or ``none``.
+        finalists: the best completed trials trained again on fresh val samples after the
+            search, beside the defaults' trial (0: the search's val winner is kept).
+        holdouts: the fresh val samples (drawn from train) each finalist is trained on.
     """
 
     trials: int = Field(default=0, ge=0)
@@ -525,6 +528,8 @@ class TuneStepConfig(_Section):
     space: dict[str, dict[str, Any]] = Field(default_factory=dict)
     seed: int = 0
     pruner: Literal["median", "halving", "none"] = "median"
+    finalists: int = Field(default=3, ge=0)
+    holdouts: int = Field(default=2, ge=0)
 
 
 class RunnerConfig(_Section):

@@ -18,8 +18,7 @@ Folder::
 
     manifest.json            format, files (sha256, bytes), input contract, state layout
     program.pt2              torch.export program: (dense, ids, lengths) -> probabilities
-    sparse.pt2, dense.pt2    its two stages (format 2): (ids, lengths) -> pooled (B, F, D),
-                             (dense, pooled) -> probabilities: a shared context pooled once
+    sparse.pt2, dense.pt2    format 2's stages: (ids, lengths) -> pooled, (dense, pooled) -> p
     dense.safetensors        the dense layers' parameters
     tables/shard-00000.safetensors ...   one file of quantized tables per serving shard
     serving_plan.json        which shard holds which table
@@ -327,9 +326,8 @@ class ServingModel:
         self.manifest = manifest
         self.contract = manifest["input"]
         self.module = module
-        # The exported module's forward, past the pre-hooks that check every call's inputs
-        # against the export's constraints again (~0.6 ms of a 270-row call);
-        # :meth:`check_inputs` checks shapes, dtypes and id ranges first.
+        # The exported module's forward, past its per-call input-check hooks (~0.6 ms of a
+        # 270-row call): :meth:`check_inputs` checks shapes, dtypes and id ranges first.
         self._forward = getattr(module, "forward", module)
         #: "sparse" and "dense" stage programs (format 2; empty for a format-1 artifact)
         self.stages = {}
@@ -382,8 +380,7 @@ class ServingModel:
                 for f, owned in self.zch_keys.items()}
 
     def zch_occupancy(self):
-        """Per managed-collision (zch) feature, the share of its table's rows (the default
-        row aside) owned by a key in this artifact."""
+        """Per zch feature, the share of its rows (less the default row) a key owns."""
         sparse = self.contract["sparse"]
         return {sparse[f]["name"]: owned.numel() / max(int(sparse[f]["num_embeddings"]) - 1, 1)
                 for f, owned in self.zch_keys.items()}
@@ -411,8 +408,8 @@ class ServingModel:
             return self.stages["sparse"](ids, lengths)
 
     def score_pooled(self, dense, pooled):
-        """Format 2's dense stage: probabilities (B,) of dense (B, F_dense) and pooled
-        (B, F, D) inputs; ``score_pooled(dense, pool(ids, lengths))`` is ``score``, bitwise."""
+        """Format 2's dense stage: probabilities (B,) of dense (B, F_dense) and pooled (B, F, D);
+        ``score_pooled(dense, pool(ids, lengths))`` is ``score``, bitwise."""
         if dense.dim() != 2 or pooled.dim() != 3 or pooled.size(0) != dense.size(0):
             raise ArtifactError(f"dense (B, F) and pooled (B, F, D) must agree, got "
                                 f"{tuple(dense.shape)} and {tuple(pooled.shape)}")

@@ -213,6 +213,7 @@ def _tune(ctx: Context, resume: bool) -> dict[str, Any]:
     result = tune(TuneRequest(dataset=ctx.dataset, out=ctx.tune, config=ctx.config_file,
                               trials=t.trials, timeout_s=t.timeout_s, metric=t.metric,
                               space=dict(t.space) or None, seed=t.seed, pruner=t.pruner,
+                              finalists=t.finalists, holdouts=t.holdouts,
                               nproc_per_node=ctx.cfg.runner.nproc_per_node),
                   tracker=ctx.tracker)
     if result.best_value is None:

@@ -145,7 +145,8 @@ def test_predict_tracks_a_run_once_the_scores_are_written(
     recorded = _Recorded()
     seen: list[tuple[bool, str | None]] = []
 
-    def tracker_from(no_track: bool, uri: str | None, experiment: str) -> _Recorded:
+    def tracker_from(no_track: bool, uri: str | None, experiment: str,
+                     background: bool = False) -> _Recorded:
         seen.append((no_track, uri))
         return recorded
 

@@ -12,7 +12,7 @@ from ctrctl.config import load_config
 from ctrctl.runner import run_pipeline
 from tests.runner.helpers import DEMO, TINY
 
-TUNED = (*TINY, "tune.trials=2", "tune.pruner=none",
+TUNED = (*TINY, "tune.trials=2", "tune.pruner=none", "tune.finalists=1", "tune.holdouts=1",
          "tune.space={embedding_optimizer.lr: {low: 0.001, high: 0.3, log: true}}")
 
 
@@ -25,6 +25,9 @@ def test_a_tune_section_adds_a_tune_step_that_train_follows(tmp_path: Path) -> N
     trained = json.loads((work / "train" / "config.json").read_text())
     assert trained["embedding_optimizer"]["lr"] == best.embedding_optimizer.lr
     assert first.outcome("tune").summary["trials.complete"] == 2
+    # the YAML's finalists/holdouts reach the search: each rechecked trial on one holdout
+    recheck = json.loads((work / "tune" / "recheck.json").read_text())
+    assert recheck and all(set(v) == {"h0"} for v in recheck.values()), recheck
 
     again = run_pipeline(DEMO, TUNED, workdir=work, until_step="train")
     assert again.outcome("tune").status == "skipped"
