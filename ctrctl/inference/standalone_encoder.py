@@ -94,12 +94,14 @@ class Encoder:
         self._known = set(self.columns)
         self._ignored = set(contract.get("ignored", [])) | {contract.get("label")} - {None}
         self._string_hasher = string_hasher
-        self._vocab = {name: _Vocabulary(mapping, _feature(contract, name).get("type"))
+        kinds = {f["name"]: f.get("type") for f in contract["sparse"]}
+        self._vocab = {name: _Vocabulary(mapping, kinds[name])
                        for name, mapping in vocabularies.items()}
         self._simple = [(f["name"], f.get("type") or "id") for f in contract["sparse"]
                         if not f.get("derive") and not f.get("separator")
                         and (f.get("type") or "id") != "string"]
         self._cache: dict = {name: {} for name, _ in self._simple}  # text (or None) -> id
+        self._dense_cache: dict = {}  # dense kind -> {text (or None): value, NaN if missing}
 
     def check_columns(self, names):
         """Raise :class:`EncodeError` for the first column the contract does not know."""
@@ -135,35 +137,65 @@ class Encoder:
                if name in self._known}
         # Columns of one kind are parsed as one array (per-call overhead, not per value,
         # dominates a request of a few hundred rows); where that fails, column by column,
-        # to name the column and row at fault.
-        values = _grouped(raw, [(d["name"], d.get("type", "float")) for d in
-                                self.contract["dense"]], _dense_values)
+        # to name the column and row at fault. Values seen before come from a cache.
         dense = np.empty((n_rows, len(self.contract["dense"])), np.float32)
+        values = self._dense_values(raw, n_rows)
         for j, feature in enumerate(self.contract["dense"]):
             dense[:, j] = _dense(feature, values.get(feature["name"]), n_rows)
-        # Values seen before take their id from the feature's cache; the rest are parsed.
-        hits, unseen = {}, dict(raw)
-        for name, _ in self._simple:
-            column, cache = raw.get(name), self._cache[name]
-            if column is not None and column.dtype == object and cache:
-                try:
-                    found = np.fromiter(map(cache.get, column, itertools.repeat(-1)),
-                                        np.int64, count=n_rows)
-                except TypeError:  # an unhashable value (a list): parsed, and refused
-                    continue
-                miss = np.flatnonzero(found < 0)
-                hits[name], unseen[name] = (found, miss), column[miss]
-        parsed = _grouped(unseen, self._simple, _integer_keys,
-                          {name: miss for name, (_, miss) in hits.items()})
+        hits, unseen = self._lookup([(name, self._cache[name]) for name, _ in self._simple],
+                                    raw, n_rows, -1)
+        parsed = _grouped({k: v for k, v in unseen.items() if len(v)}, self._simple,
+                          _integer_keys, {name: miss for name, (_, miss) in hits.items()})
         ids, lengths = [], []
         stamps: dict = {}  # timestamp column -> its parts, parsed once for all its features
         for feature in self.contract["sparse"]:
-            keys, counts = self._sparse(feature, unseen, n_rows, stamps, parsed, hits)
+            hit = hits.get(feature["name"])  # every id from the cache: nothing to parse
+            keys, counts = ((hit[0], np.ones(n_rows, np.int64)) if hit and not len(hit[1])
+                            else self._sparse(feature, unseen, n_rows, stamps, parsed, hits))
             ids.append(keys)
             lengths.append(counts)
         if not ids:
             return dense, np.zeros(0, np.int64), np.zeros(0, np.int64)
         return dense, np.concatenate(ids), np.concatenate(lengths)
+
+    def _lookup(self, features, raw, n_rows, absent):
+        """Values of ``features`` (name, cache) found in their caches: ({name: (found,
+        rows not found)}, the raw columns holding only the values not found)."""
+        hits, unseen = {}, dict(raw)
+        for name, cache in features:
+            column = raw.get(name)
+            if column is not None and column.dtype == object and cache:
+                try:
+                    found = np.fromiter(map(cache.get, column, itertools.repeat(absent)),
+                                        type(absent), count=n_rows)
+                except TypeError:  # an unhashable value (a list): parsed, and refused
+                    continue
+                miss = np.flatnonzero(found == absent)
+                hits[name], unseen[name] = (found, miss), column[miss]
+        return hits, unseen
+
+    # ---- dense features -----------------------------------------------------------------
+    def _dense_values(self, raw, n_rows):
+        """{name: (float64 values, missing)} of the dense columns given: text seen before
+        from its kind's cache (a missing value as NaN there), the rest parsed."""
+        features = [(d["name"], d.get("type", "float")) for d in self.contract["dense"]]
+        caches = [(name, self._dense_cache.setdefault(kind, {})) for name, kind in features]
+        hits, unseen = self._lookup(caches, raw, n_rows, np.inf)
+        parsed = _grouped({k: v for k, v in unseen.items() if len(v)}, features,
+                          _dense_values, {name: miss for name, (_, miss) in hits.items()})
+        for name, cache in caches:
+            column = unseen.get(name)
+            values = parsed[name][0] if column is not None and len(column) else None
+            if values is not None and set(map(type, column)) <= {str, _NONE}:  # text only
+                if len(cache) + len(column) > CACHE_LIMIT:
+                    cache.clear()
+                cache.update(zip(column.tolist(), values.tolist(), strict=True))
+            if name in hits:
+                found, miss = hits[name]
+                if values is not None:
+                    found[miss] = values
+                parsed[name] = found, np.isnan(found)
+        return parsed
 
     # ---- sparse features ----------------------------------------------------------------
     def _sparse(self, feature, raw, n_rows, stamps, parsed, hits):
@@ -257,10 +289,6 @@ def stable_key(text):
     return int.from_bytes(digest, "little", signed=True)
 
 
-def _feature(contract, name):
-    return next(f for f in contract["sparse"] if f["name"] == name)
-
-
 class _Vocabulary:
     """A vocabulary (key text -> id) as sorted integer keys, or a dict for strings."""
 
@@ -312,17 +340,8 @@ def _missing_mask(column):
     if column.dtype.kind in "iub":
         return np.zeros(len(column), bool)
     n = len(column)
-    try:  # the common case, text only: one C-level pass (what is not text fails here)
-        if not n or type(column[0]) is str:
-            return np.fromiter(map(len, column), np.intp, count=n) == 0
-    except TypeError:
-        pass
-    types = set(map(type, column))
-    if types <= {str, _NONE}:
-        mask = np.fromiter(map(id, column), np.intp, count=n) == id(None)
-        texts = column.copy()
-        texts[mask] = ""
-        return np.fromiter(map(len, texts), np.intp, count=n) == 0
+    if set(map(type, column)) <= {str, _NONE}:  # the common case: compared in C
+        return np.equal(column, None) | np.equal(column, "")
     return np.fromiter((v is None or (isinstance(v, str) and v == "") or
                         (isinstance(v, float) and v != v) for v in column), bool, count=n)
 
@@ -376,20 +395,21 @@ def _dense_values(name, column, n, kind, rows):
         values = column.astype(np.float64)
     else:
         if column.dtype.kind == "b" or bool in set(map(type, column)):
-            _bad_scalar(name, column, None, expected, (str, int, float, np.number))
+            _bad_scalar(name, column, rows, expected, (str, int, float, np.number))
         filled = column.copy()
         filled[missing] = "nan"
         try:
             values = filled.astype(np.float64)
         except (TypeError, ValueError):
-            values = _dense_slowly(name, filled, missing, expected)
+            values = _dense_slowly(name, filled, missing, expected, rows)
     values[missing] = np.nan
     bad = ~missing & ~np.isfinite(values)
     if kind == "int":
         bad |= ~missing & (values != np.floor(values))
     if bad.any():
         at = int(np.flatnonzero(bad)[0])
-        raise EncodeError(name, at, expected, got=column[at])
+        raise EncodeError(name, at if rows is None else int(rows[at]), expected,
+                          got=column[at])
     return values, missing
 
 
@@ -410,15 +430,16 @@ def _dense(feature, parsed, n_rows):
     return values.astype(np.float32)
 
 
-def _dense_slowly(name, column, missing, expected):
+def _dense_slowly(name, column, missing, expected, rows):
     """Element by element, to name the first value that is not a number."""
-    _bad_scalar(name, column, None, expected, (str, int, float, np.number))
+    _bad_scalar(name, column, rows, expected, (str, int, float, np.number))
     out = np.empty(len(column))
     for i, value in enumerate(column):
         try:
             out[i] = np.nan if missing[i] else float(value)
         except (TypeError, ValueError):
-            raise EncodeError(name, i, expected, got=value) from None
+            raise EncodeError(name, i if rows is None else int(rows[i]), expected,
+                              got=value) from None
     return out
 
 

@@ -19,6 +19,7 @@ unknown feature is an error (never silently dropped).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -137,8 +138,9 @@ class Parser:
             values = zip(*(row.values() for row in rows), strict=True)
             by_name = dict(zip(keys, map(list, values), strict=True)) if keys else {}
         else:
-            present = set().union(*rows)
-            by_name = {name: [row.get(name) for row in rows] for name in present}
+            present, n = set().union(*rows), len(rows)
+            by_name = {name: list(map(dict.get, rows, itertools.repeat(name, n)))
+                       for name in present}
         if (not by_name.keys() <= self.known or not context.keys() <= self.known
                 or not context.keys().isdisjoint(by_name)):
             return None  # pydantic's path names the feature and the row

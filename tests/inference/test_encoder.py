@@ -142,6 +142,10 @@ def test_random_raw_values_encode_to_the_preprocessed_ids(
     np.testing.assert_array_equal(got[1].numpy(), ids)
     np.testing.assert_array_equal(got[2].numpy(), lengths)
     np.testing.assert_array_equal(got[0].numpy(), dense)
+    # Again, every value now from the encoder's caches (ids and dense values).
+    again = model.encode_columns(columns, len(rows))
+    for a, b in zip(got, again, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
     # Rows (dicts, None for missing) encode as the columns do.
     records = [{k: (v or None) for k, v in r.items()} for r in rows]
     np.testing.assert_array_equal(model.encode(records)[1].numpy(), ids)
@@ -221,7 +225,8 @@ def test_two_digit_years_pivot_as_polars_reads_them(mixed: ServingModel) -> None
 
 def test_cached_values_encode_as_parsed_ones_and_errors_keep_their_row(
         mixed: ServingModel) -> None:
-    columns = {"h_hex": ["ab", None, "AB"], "v_int": ["12", "", "12"], "h_int": ["-3", "", "5"]}
+    columns = {"h_hex": ["ab", None, "AB"], "v_int": ["12", "", "12"], "h_int": ["-3", "", "5"],
+               "n_int": ["7", "", None], "n_float": ["0.25", None, "60"]}
     first = [t.numpy() for t in mixed.encode_columns(columns, 3)]  # parsed, then remembered
     again = [t.numpy() for t in mixed.encode_columns(columns, 3)]  # from the cache
     for a, b in zip(first, again, strict=True):
@@ -232,3 +237,13 @@ def test_cached_values_encode_as_parsed_ones_and_errors_keep_their_row(
     with pytest.raises(InputError, match="not a list") as caught:  # unhashable: no lookup
         mixed.encode_columns({"h_hex": ["ab", ["ab"], "ab"]}, 3)
     assert (caught.value.feature, caught.value.row) == ("h_hex", 1)
+    # Dense values: cached text beside new text, the new one at fault keeps its row.
+    np.testing.assert_allclose(first[0][:, 0], np.log1p([7, 0, 0], dtype=np.float32))
+    np.testing.assert_array_equal(first[0][:, 1], [0.25, 1.5, 50])
+    for column, row in ((["7", "0.5", "7"], 1), (["7", "", "x"], 2), (["7", True, "7"], 1)):
+        with pytest.raises(InputError) as caught:
+            mixed.encode_columns({"n_int": column}, 3)
+        assert (caught.value.feature, caught.value.row) == ("n_int", row)
+    mixed.encode_columns({"n_float": ["0.5"]}, 1)  # a float's cache is not an int's:
+    with pytest.raises(InputError, match="an integer"):
+        mixed.encode_columns({"n_int": ["0.5"]}, 1)
