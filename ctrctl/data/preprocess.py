@@ -165,7 +165,7 @@ def preprocess(
         raise ConfigError("--val-fraction must be in [0, 1) and --max-skip-fraction in [0, 1]")
     if leave_last_out_applies(schema, sources, ratio, split_by_day):
         val_fraction = 0.0  # the split already holds a val row per user
-    carved = carve_plan(sources, ratio, split_by_day, val_fraction) and followed is None
+    carved = carve_plan(sources, ratio, split_by_day, val_fraction)
     if carved:
         logger.info("no val input: %.0f%% of the training rows (random, seed %d) become the "
                     "val split", 100 * val_fraction, seed)

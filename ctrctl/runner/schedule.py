@@ -151,8 +151,8 @@ def _day_config(cfg: PipelineConfig, files: Sequence[Path], k: int, folder: Path
 
 def _has_vocabularies(dataset: Path) -> bool:
     """The first day's dataset has vocabulary features: later days must reuse its
-    vocabularies (hashed and zch features map ids the same way every day without it, and
-    a day preprocessed on its own keeps its carved val split)."""
+    vocabularies (hashed and zch features map ids the same way every day without it).
+    A day that reuses them still carves its own val split."""
     from ctrctl.data.manifest import DatasetManifest
 
     return any(f.mode == "vocab" for f in DatasetManifest.load(dataset).sparse)

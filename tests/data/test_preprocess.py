@@ -199,6 +199,20 @@ def test_reuse_transforms_maps_ids_identically(tmp_path: Path) -> None:
         preprocess(CRITEO, [f"test={later}"], tmp_path / "x", reuse_transforms=tmp_path / "ds")
 
 
+def test_reusing_transforms_still_carves_a_val_split(tmp_path: Path) -> None:
+    # A later day of a schedule follows day 1's vocabularies and needs its own val split
+    # (early stopping); ids stay day 1's.
+    schema = load_schema(CRITEO).with_vocab(2)
+    rows = criteo_rows(400)
+    preprocess(schema, [str(write(tmp_path / "day1.tsv", rows[:200]))], tmp_path / "ds")
+    later = _preprocess(None, [str(write(tmp_path / "day2.tsv", rows[200:]))],
+                        tmp_path / "next", reuse_transforms=tmp_path / "ds", val_fraction=0.1)
+    val, train = later.splits["val"].rows, later.splits["train"].rows
+    assert val + train == 200 and 5 <= val <= 40  # each row to val with probability 0.1
+    assert later.transforms["val_carved"]["fraction"] == 0.1
+    assert later.table_sizes() == DatasetManifest.load(tmp_path / "ds").table_sizes()
+
+
 # ---- splits and determinism ---------------------------------------------------------------
 def test_random_split_is_deterministic_and_partitions_rows(tmp_path: Path) -> None:
     src = write(tmp_path / "in.tsv", criteo_rows(2000))
