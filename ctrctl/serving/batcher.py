@@ -261,9 +261,7 @@ class Batcher:
                 loop.call_soon(self._observe_scores, scores)
 
     def _observe_scores(self, scores: np.ndarray) -> None:
-        histogram = self.metrics.score.labels(self.version)
-        for value in scores.tolist():
-            histogram.observe(value)
+        self.metrics.score.labels(self.version).observe_many(scores)
 
     def _score(self, batch: list[Job]
                ) -> tuple[list[np.ndarray | BaseException], np.ndarray | None]:

@@ -1,0 +1,83 @@
+"""The server's metrics updated in bulk give the text of one update per value."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from ctrctl.serving.metrics import SCORE_BUCKETS, BulkHistogram
+
+
+def _pair() -> tuple[CollectorRegistry, Histogram, CollectorRegistry, BulkHistogram]:
+    one, bulk = CollectorRegistry(), CollectorRegistry()
+    args = ("ctrctl_score", "Scores returned.", ["model_version"])
+    return (one, Histogram(*args, buckets=SCORE_BUCKETS, registry=one),
+            bulk, BulkHistogram(*args, buckets=SCORE_BUCKETS, registry=bulk))
+
+
+def _text(registry: CollectorRegistry) -> str:
+    # the _created lines hold the time each child was made
+    return "\n".join(line for line in generate_latest(registry).decode().splitlines()
+                     if "_created" not in line)
+
+
+def test_bulk_scores_give_the_text_of_one_observe_per_score() -> None:
+    one_registry, one, bulk_registry, bulk = _pair()
+    rng = np.random.default_rng(0)
+    # multiples of 1/1024 (float32 scores as the program gives), so that every sum is exact
+    # in any order; bounds themselves, 0, 1 and the edges of the range included
+    for version, n in (("3", 270), ("3", 1), ("4", 1000)):
+        scores = (rng.integers(0, 1025, n) / 1024).astype(np.float32)
+        if n >= 3:
+            scores[:3] = [0.05, 0.0, 1.0]
+        for value in scores.tolist():
+            one.labels(version).observe(value)
+        bulk.labels(version).observe_many(scores)
+    text = _text(bulk_registry)
+    assert text == _text(one_registry)
+    assert 'ctrctl_score_bucket{le="0.05",model_version="3"}' in text
+    assert 'ctrctl_score_count{model_version="4"} 1000.0' in text
+
+
+def test_bulk_observe_counts_every_value_in_its_bucket_and_nan_in_none() -> None:
+    _, one_family, _, bulk_family = _pair()
+    one, bulk = one_family.labels("3"), bulk_family.labels("3")
+    values = np.array([0.05, 0.0500001, 0.99, 0.995, 2.0, -1.0, np.nan, 0.3])
+    for value in values.tolist():
+        one.observe(value)
+    bulk.observe_many(values)
+    bulk.observe_many(np.array([], dtype=np.float32))
+
+    def buckets(h: Histogram) -> list[float]:
+        return [b.get() for b in h._buckets]
+
+    assert buckets(bulk) == buckets(one)
+    assert sum(buckets(bulk)) == len(values) - 1  # the NaN is in no bucket, as observe()
+
+
+def test_bulk_observe_writes_the_multiprocess_files(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from prometheus_client import multiprocess, values
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    values.ValueClass = values.get_value_class()
+    try:
+        _, one, _, bulk = _pair()
+        scores = np.arange(0, 1025, 7) / 1024
+        for value in scores.tolist():
+            one.labels("a").observe(value)
+        bulk.labels("b").observe_many(scores)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=str(tmp_path))
+        lines = generate_latest(registry).decode().splitlines()
+        a = sorted(line.replace('"a"', "V") for line in lines if '"a"' in line)
+        b = sorted(line.replace('"b"', "V") for line in lines if '"b"' in line)
+        assert a == b and len(a) == len(SCORE_BUCKETS) + 3  # + Inf, _sum, _count
+    finally:
+        monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+        values.ValueClass = values.get_value_class()
+        assert os.environ.get("PROMETHEUS_MULTIPROC_DIR") is None
