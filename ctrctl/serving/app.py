@@ -96,20 +96,25 @@ class ServerState:
             await asyncio.to_thread(self.log.close)
 
     async def score(self, request_id: str, columns: Mapping[str, Sequence[Any]], n_rows: int,
-                    deadline: float, context: Mapping[str, Any] | None = None
-                    ) -> tuple[np.ndarray, Slot]:
-        """Scores from the slot the request id picks (the new one if it was just swapped)."""
+                    deadline: float, context: Mapping[str, Any] | None = None,
+                    missing: Mapping[str, int] | None = None) -> tuple[np.ndarray, Slot]:
+        """Scores from the slot the request id picks (the new one if it was just swapped);
+        ``missing``: :meth:`count_features`' counts, reused by the batcher."""
         if self.router is None:
             raise Overloaded("not_ready", 1.0)
         for _ in range(3):
             slot = self.router.pick(request_id)
             try:
-                return await slot.batcher.submit(columns, n_rows, deadline, context), slot
+                return (await slot.batcher.submit(columns, n_rows, deadline, context, missing),
+                        slot)
             except Retired:
                 continue
         raise Overloaded("deadline", 1.0)
 
-    def count_features(self, columns: Mapping[str, Sequence[Any]], n_rows: int) -> None:
+    def count_features(self, columns: Mapping[str, Sequence[Any]], n_rows: int
+                       ) -> dict[str, int]:
+        """Count the rows and missing (None) values per input column; returns the None
+        values per column (absent columns: every row)."""
         assert self.parser is not None
         if not self._feature_counters:  # a label lookup per feature and request adds up
             self._feature_counters = {
@@ -117,11 +122,13 @@ class ServerState:
                        self.metrics.feature_missing.labels(name))
                 for name in self.parser.columns}
         counters = self._feature_counters
-        for name, missing in count_missing(columns, self.parser.columns, n_rows).items():
+        counted = count_missing(columns, self.parser.columns, n_rows)
+        for name, missing in counted.items():
             values, missed = counters[name]
             values.inc(n_rows)
             if missing:
                 missed.inc(missing)
+        return counted
 
 
 def _error_response(exc: ClientError, request_id: str) -> JSONResponse:
@@ -192,10 +199,10 @@ def create_app(config: ServeConfig) -> FastAPI:
             else:
                 columns, n_rows = state.parser.score(body)
                 every_row = columns
-            state.count_features(every_row, n_rows)
+            missing = state.count_features(every_row, n_rows)
             try:
                 scores, slot = await state.score(request_id, columns, n_rows, deadline,
-                                                 context)
+                                                 context, missing)
             except model_api.InputError as exc:
                 raise _input_error(exc, index_name) from None
             version = slot.version

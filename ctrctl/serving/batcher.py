@@ -72,6 +72,7 @@ class Job:
     deadline: float  # time.monotonic()
     future: asyncio.Future[np.ndarray]
     context: Mapping[str, Any] | None = None  # /v1/rank: features shared by every row
+    missing: Mapping[str, int] | None = None  # None values per column, counted on arrival
     abandoned: bool = False  # its client was answered 503; its rows left the queue count
     taken: bool = False  # in a batch
     inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None)
@@ -120,6 +121,10 @@ class Batcher:
         _, ids, lengths = model_api.encode_columns(model, {}, 1)
         missing_ids = [chunk.tolist() for chunk in torch.split(ids, lengths.tolist())]
         self._vocab_features = [(i, sparse[i]["name"], missing_ids[i] == [0]) for i in vocab]
+        # label children looked up once: a lookup per feature and request adds up
+        self._oov_counters = [metrics.feature_oov.labels(name) for i, name, _ in
+                              self._vocab_features]
+        self._zch_counters: dict[str, Any] = {}
 
     def warm(self, columns: Mapping[str, Sequence[Any]], n_rows: int, repeats: int = 3) -> None:
         """Score a batch a few times (first calls are slow) and measure seconds per row."""
@@ -142,10 +147,12 @@ class Batcher:
         self._executor.shutdown(wait=True)
 
     async def submit(self, columns: Mapping[str, Sequence[Any]], n_rows: int,
-                     deadline: float, context: Mapping[str, Any] | None = None
-                     ) -> np.ndarray:
+                     deadline: float, context: Mapping[str, Any] | None = None,
+                     missing: Mapping[str, int] | None = None) -> np.ndarray:
         """Scores (n_rows,) for raw columns (and ``context``: features of every row, encoded
-        once), or :class:`Overloaded` / an ``InputError``."""
+        once), or :class:`Overloaded` / an ``InputError``. ``missing``: the None values per
+        column if the caller counted them already (the out-of-vocabulary count reuses
+        them)."""
         if self._closed:
             raise Retired()
         now = time.monotonic()
@@ -158,7 +165,7 @@ class Batcher:
         if expected > now + ADMIT_SHARE * (deadline - now):
             raise Overloaded("deadline", self._retry_after())
         job = Job(columns, n_rows, now, deadline, asyncio.get_running_loop().create_future(),
-                  context or None)
+                  context or None, missing)
         if self._idle(now) and n_rows <= self.max_batch_rows:
             return self._score_inline(job)
         self.queued_rows += n_rows
@@ -331,29 +338,40 @@ class Batcher:
         if zch:
             for name, n in self.model.default_row_lookups(inputs[1], inputs[2]).items():
                 if n:
-                    self.metrics.zch_default.labels(name).inc(n)
+                    counter = self._zch_counters.get(name)
+                    if counter is None:
+                        counter = self._zch_counters[name] = \
+                            self.metrics.zch_default.labels(name)
+                    counter.inc(n)
         if not self._vocab_features:
             return
-        # Ids 0 per feature in one pass; a vocabulary maps an unseen value to 0, and a
-        # missing one to its null id (0 too when no null was seen in training).
+        # Ids 0 per feature in one pass over all ids; a vocabulary maps an unseen value to 0,
+        # and a missing one to its null id (0 too when no null was seen in training).
         _, ids, lengths = inputs
         per_feature = lengths.view(self.num_sparse, -1).sum(1)  # (F,)
-        feature_of_id = torch.repeat_interleave(torch.arange(self.num_sparse), per_feature)
-        zeros = torch.zeros(self.num_sparse, dtype=torch.int64).index_add_(
-            0, feature_of_id, (ids == 0).to(torch.int64))  # (F,) ids 0 per feature
+        ends = per_feature.cumsum(0)  # (F,) where each feature's run of ids ends
+        zeros_before = torch.cat([ids.new_zeros(1), (ids == 0).cumsum(0)])  # (N + 1,)
+        zeros = zeros_before[ends] - zeros_before[ends - per_feature]  # (F,) ids 0 per feature
         counts, per_row = zeros.tolist(), per_feature.tolist()
-        for f, name, missing_is_zero in self._vocab_features:
+        for (f, name, missing_is_zero), counter in zip(self._vocab_features,
+                                                       self._oov_counters, strict=True):
+            oov = counts[f]
+            if not oov or per_row[f] != job.n_rows:
+                continue  # no id 0 (so no unseen value), or not one id per row
             values = job.columns.get(name)
-            if values is None or per_row[f] != job.n_rows:
-                continue
-            oov = counts[f] - (_missing(values) if missing_is_zero else 0)
+            if values is None:
+                continue  # absent (every row missing), or a /v1/rank context feature
+            if missing_is_zero:
+                oov -= _missing(values, job.missing.get(name) if job.missing else None)
             if oov:
-                self.metrics.feature_oov.labels(name).inc(oov)
+                counter.inc(oov)
 
 
-def _missing(values: Sequence[Any]) -> int:
-    """Values the encoder takes as missing: None and "" (as the preprocess step)."""
-    return values.count(None) + values.count("")
+def _missing(values: Sequence[Any], nones: int | None = None) -> int:
+    """Values the encoder takes as missing: None and "" (as the preprocess step);
+    ``nones``: the None values if counted already."""
+    return (values.count(None) if nones is None else nones) + values.count("")
+
 
 
 def merge_inputs(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],

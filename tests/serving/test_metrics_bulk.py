@@ -1,15 +1,23 @@
-"""The server's metrics updated in bulk give the text of one update per value."""
+"""The server's metrics updated in bulk: the same text as one update per value, the same
+out-of-vocabulary counts as the per-row definition."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from ctrctl.serving.metrics import SCORE_BUCKETS, BulkHistogram
+from ctrctl.inference.export import load_artifact
+from ctrctl.serving import model_api
+from ctrctl.serving.batcher import Batcher, Job
+from ctrctl.serving.metrics import SCORE_BUCKETS, BulkHistogram, Metrics
+from ctrctl.serving.requests import count_missing
+
+from .conftest import Exported
 
 
 def _pair() -> tuple[CollectorRegistry, Histogram, CollectorRegistry, BulkHistogram]:
@@ -81,3 +89,37 @@ def test_bulk_observe_writes_the_multiprocess_files(tmp_path: Path,
         monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
         values.ValueClass = values.get_value_class()
         assert os.environ.get("PROMETHEUS_MULTIPROC_DIR") is None
+
+
+def test_out_of_vocabulary_counts_equal_the_per_row_definition(exported: Exported) -> None:
+    """Per vocabulary feature: rows whose value is present (not None, not "") and encodes to
+    id 0, the unknown row; with the None counts given by the caller or counted here."""
+    model = load_artifact(exported.export)
+    sparse = model.contract["sparse"]
+    vocab = [f["name"] for f in sparse if f["mode"] == "vocab" and not f.get("separator")]
+    records = exported.records(120)
+    rng = np.random.default_rng(3)
+    columns: dict[str, list[Any]] = {n: [r.get(n) for r in records]
+                                     for n in model_api.input_columns(model)}
+    for name in vocab:  # unseen values, nulls and empty strings in every vocabulary column
+        values = columns[name]
+        for i in rng.choice(len(values), 30, replace=False).tolist():
+            values[i] = [f"{rng.integers(1 << 32):08x}", None, ""][i % 3]
+    del columns[vocab[-1]]  # an absent column: every row missing, never out of vocabulary
+    n = len(records)
+    dense, ids, lengths = model_api.encode_columns(model, columns, n)
+    by_feature = dict(zip([f["name"] for f in sparse],
+                          ids.split(lengths.view(len(sparse), -1).sum(1).tolist()),
+                          strict=True))
+    expected = {name: sum(1 for v, i in zip(columns[name], by_feature[name].tolist(),
+                                            strict=True) if v not in (None, "") and i == 0)
+                for name in vocab if name in columns}
+    assert sum(expected.values()) > 0
+    for missing in (None, count_missing(columns, model_api.input_columns(model), n)):
+        metrics = Metrics()
+        batcher = Batcher(model, metrics, "v")
+        job = Job(columns, n, 0.0, 0.0, None, missing=missing)  # type: ignore[arg-type]
+        batcher._count_oov(job, (dense, ids, lengths))
+        batcher._count_oov(job, (dense, ids, lengths))  # the cached counters add up
+        got = {name: metrics.feature_oov.labels(name)._value.get() for name in vocab}
+        assert got == {name: 2.0 * expected.get(name, 0) for name in vocab}
