@@ -65,6 +65,7 @@ class ServerState:
         self.load_error: str | None = None
         self.tasks: list[asyncio.Task[Any]] = []
         self._feature_counters: dict[str, tuple[Any, Any]] = {}
+        self._request_metrics: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
     async def start(self) -> None:
         """Load and warm the models, then serve (``/readyz`` turns 200)."""
@@ -110,6 +111,18 @@ class ServerState:
             except Retired:
                 continue
         raise Overloaded("deadline", 1.0)
+
+    def observe_request(self, endpoint: str, status: str, version: str, seconds: float
+                        ) -> None:
+        """An answered request in the duration histogram and the request counter; their
+        label children are looked up once per (endpoint, status, version)."""
+        key = (endpoint, status, version)
+        children = self._request_metrics.get(key)
+        if children is None:
+            children = self._request_metrics[key] = (self.metrics.duration.labels(*key),
+                                                     self.metrics.requests.labels(*key))
+        children[0].observe(seconds)
+        children[1].inc()
 
     def count_features(self, columns: Mapping[str, Sequence[Any]], n_rows: int
                        ) -> dict[str, int]:
@@ -222,10 +235,8 @@ def create_app(config: ServeConfig) -> FastAPI:
                 503, "overloaded" if exc.reason != "not_ready" else "not_ready",
                 f"request refused ({exc.reason.replace('_', ' ')}): retry later",
                 headers={"Retry-After": retry}), request_id)
-        status = str(response.status_code)
-        state.metrics.duration.labels(endpoint, status, version).observe(
-            time.perf_counter() - started)
-        state.metrics.requests.labels(endpoint, status, version).inc()
+        state.observe_request(endpoint, str(response.status_code), version,
+                              time.perf_counter() - started)
         return response
 
     @app.post("/v1/score")

@@ -125,6 +125,9 @@ class Batcher:
         self._oov_counters = [metrics.feature_oov.labels(name) for i, name, _ in
                               self._vocab_features]
         self._zch_counters: dict[str, Any] = {}
+        self._queue_wait = metrics.queue_wait.labels(version)
+        self._batch_rows = metrics.batch_rows.labels(version)
+        self._scores = metrics.score.labels(version)
 
     def warm(self, columns: Mapping[str, Sequence[Any]], n_rows: int, repeats: int = 3) -> None:
         """Score a batch a few times (first calls are slow) and measure seconds per row."""
@@ -268,7 +271,7 @@ class Batcher:
                 loop.call_soon(self._observe_scores, scores)
 
     def _observe_scores(self, scores: np.ndarray) -> None:
-        self.metrics.score.labels(self.version).observe_many(scores)
+        self._scores.observe_many(scores)
 
     def _score(self, batch: list[Job]
                ) -> tuple[list[np.ndarray | BaseException], np.ndarray | None]:
@@ -284,7 +287,7 @@ class Batcher:
             if job.abandoned or start > job.deadline:
                 results[i] = Overloaded("timeout")
                 continue
-            self.metrics.queue_wait.labels(self.version).observe(start - job.arrived)
+            self._queue_wait.observe(start - job.arrived)
             try:
                 pooled = (pool_with_context(self.model, job.columns, job.n_rows, job.context)
                           if job.context else None)
@@ -317,7 +320,7 @@ class Batcher:
                 assert merged is not None
                 scores = self.model.score(*merged).numpy()
             rows = len(scores)
-            self.metrics.batch_rows.labels(self.version).observe(rows)
+            self._batch_rows.observe(rows)
             # encoding and scoring: what a queued row will cost (the deadline test's rate)
             per_row = (time.monotonic() - start) / rows
             self.seconds_per_row = (per_row if self.seconds_per_row == 0

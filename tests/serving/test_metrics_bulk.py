@@ -13,7 +13,9 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from ctrctl.inference.export import load_artifact
 from ctrctl.serving import model_api
+from ctrctl.serving.app import ServerState
 from ctrctl.serving.batcher import Batcher, Job
+from ctrctl.serving.config import ServeConfig
 from ctrctl.serving.metrics import SCORE_BUCKETS, BulkHistogram, Metrics
 from ctrctl.serving.requests import count_missing
 
@@ -123,3 +125,21 @@ def test_out_of_vocabulary_counts_equal_the_per_row_definition(exported: Exporte
         batcher._count_oov(job, (dense, ids, lengths))  # the cached counters add up
         got = {name: metrics.feature_oov.labels(name)._value.get() for name in vocab}
         assert got == {name: 2.0 * expected.get(name, 0) for name in vocab}
+
+
+def test_request_metrics_keep_their_labels_with_cached_children(exported: Exported) -> None:
+    state = ServerState(ServeConfig(model=str(exported.export)))
+    for endpoint, status, version, seconds in (("score", "200", "3", 0.004),
+                                               ("score", "200", "3", 0.012),
+                                               ("rank", "422", "none", 0.001),
+                                               ("score", "200", "4", 0.004)):
+        state.observe_request(endpoint, status, version, seconds)
+    text = state.metrics.render()[0].decode()
+    score_3 = 'endpoint="score",model_version="3",status="200"'
+    assert f"ctrctl_requests_total{{{score_3}}} 2.0" in text
+    assert f"ctrctl_request_duration_seconds_count{{{score_3}}} 2.0" in text
+    assert ('ctrctl_request_duration_seconds_bucket{endpoint="score",le="0.005",'
+            'model_version="3",status="200"} 1.0' in text)
+    assert ('ctrctl_requests_total{endpoint="rank",model_version="none",status="422"} 1.0'
+            in text)
+    assert 'ctrctl_requests_total{endpoint="score",model_version="4",status="200"} 1.0' in text
