@@ -11,9 +11,10 @@ merged into one batch, scored by the exported program once, and the scores split
     scores    [a a a | b b | c c c c]  ->  A, B, C
 
 Load is shed, not queued without limit: a request that would take the queue past
-``max_queue_rows`` or could not be scored before its deadline (the queue ahead of it times
-the measured seconds per row) is refused at once with :class:`Overloaded` (a 503 with
-``Retry-After``), and a request still queued at its deadline is dropped the same way.
+``max_queue_rows`` or could not be scored before its deadline (estimated from the queue
+ahead of it: a measured fixed cost per model call plus a measured cost per row) is refused
+at once with :class:`Overloaded` (a 503 with ``Retry-After``), and a request still queued at
+its deadline is dropped the same way.
 
 A request that reaches an idle batcher (nothing queued, nothing being scored, no batch ended
 within ``max_wait_s``) is scored on the event loop's own thread, with no hop to the compute
@@ -47,6 +48,9 @@ from ctrctl.serving.metrics import Metrics
 
 #: Admit a request only if the estimate finishes it within this share of its time budget.
 ADMIT_SHARE = 0.8
+#: A batch of at most this many rows measures a model call's fixed cost; a larger one the
+#: cost of its rows beyond it.
+SMALL_BATCH_ROWS = 8
 
 
 class Overloaded(Exception):
@@ -100,7 +104,10 @@ class Batcher:
         self.max_wait_s = max_wait_s
         self.max_queue_rows = max_queue_rows
         self.num_sparse = len(model.contract["sparse"])
-        self.seconds_per_row = 0.0  # measured; 0 until the first batch (or warm-up)
+        # a batch of r rows takes about seconds_per_batch + r * seconds_per_row (measured;
+        # 0 until the first batches or the warm-up)
+        self.seconds_per_row = 0.0
+        self.seconds_per_batch = 0.0
         self.queued_rows = 0
         self._busy_until = 0.0  # when the batch being scored should end (time.monotonic())
         self._last_end = -math.inf  # when the last batch ended (time.monotonic())
@@ -130,11 +137,33 @@ class Batcher:
         self._scores = metrics.score.labels(version)
 
     def warm(self, columns: Mapping[str, Sequence[Any]], n_rows: int, repeats: int = 3) -> None:
-        """Score a batch a few times (first calls are slow) and measure seconds per row."""
+        """Score a batch, and its first row alone, a few times (first calls are slow), and
+        measure the fixed cost of a model call and the cost per row."""
+        one_row = {name: list(values[:1]) for name, values in columns.items()}
         for _ in range(repeats):
-            start = time.perf_counter()
-            model_api.score_columns(self.model, columns, n_rows)
-            self.seconds_per_row = (time.perf_counter() - start) / max(n_rows, 1)
+            timed = []
+            for part, rows in ((one_row, 1), (columns, n_rows)):
+                start = time.perf_counter()
+                model_api.score_columns(self.model, part, rows)
+                timed.append(time.perf_counter() - start)
+        self.seconds_per_batch = timed[0]
+        self.seconds_per_row = max(timed[1] - timed[0], 0.0) / max(n_rows - 1, 1)
+
+    def estimate(self, rows: int) -> float:
+        """Seconds one batch of ``rows`` rows should take (encoding and scoring)."""
+        return self.seconds_per_batch + rows * self.seconds_per_row
+
+    def _measured(self, rows: int, seconds: float) -> None:
+        """Learn from a batch: a small one measures the fixed cost, a larger one the cost per
+        row beyond it (a run of 1-row requests, nearly all fixed cost, must not make a
+        270-row request look like 270 of them to the deadline test)."""
+        if rows <= SMALL_BATCH_ROWS:
+            self.seconds_per_batch = _average(self.seconds_per_batch, seconds)
+            if self.seconds_per_row == 0:  # no larger batch yet: all of it per row
+                self.seconds_per_row = seconds / rows
+        else:
+            per_row = max(seconds - self.seconds_per_batch, 0.0) / rows
+            self.seconds_per_row = _average(self.seconds_per_row, per_row)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -162,8 +191,7 @@ class Batcher:
         if self.queued_rows + n_rows > self.max_queue_rows and self.queued_rows > 0:
             raise Overloaded("queue_full", self._retry_after())
         # the batch on the thread now, then every queued row, then this request's
-        expected = (max(now, self._busy_until)
-                    + (self.queued_rows + n_rows) * self.seconds_per_row)
+        expected = max(now, self._busy_until) + self.estimate(self.queued_rows + n_rows)
         # a margin for what the estimate misses (the event loop's own work, a busy machine)
         if expected > now + ADMIT_SHARE * (deadline - now):
             raise Overloaded("deadline", self._retry_after())
@@ -194,7 +222,7 @@ class Batcher:
         """Score ``job`` now, on the calling (event loop) thread."""
         self.inline_requests += 1
         job.taken = True
-        self._busy_until = time.monotonic() + job.n_rows * self.seconds_per_row
+        self._busy_until = time.monotonic() + self.estimate(job.n_rows)
         try:
             results, scores = self._score([job])
         finally:
@@ -252,7 +280,7 @@ class Batcher:
             self.queued_rows -= rows
             if not batch:
                 continue
-            self._busy_until = time.monotonic() + rows * self.seconds_per_row
+            self._busy_until = time.monotonic() + self.estimate(rows)
             self._in_flight = True
             try:
                 results, scores = await loop.run_in_executor(self._executor, self._score,
@@ -321,10 +349,8 @@ class Batcher:
                 scores = self.model.score(*merged).numpy()
             rows = len(scores)
             self._batch_rows.observe(rows)
-            # encoding and scoring: what a queued row will cost (the deadline test's rate)
-            per_row = (time.monotonic() - start) / rows
-            self.seconds_per_row = (per_row if self.seconds_per_row == 0
-                                    else 0.8 * self.seconds_per_row + 0.2 * per_row)
+            # encoding and scoring: what a batch will cost (the deadline test's estimate)
+            self._measured(rows, time.monotonic() - start)
             offset = 0
             for i, n in ([(i, p[0].size(0)) for i, p in parts]
                          + [(i, d.size(0)) for i, d, _ in pooled_parts]):
@@ -370,6 +396,11 @@ class Batcher:
                 oov -= _missing(values, job.missing.get(name) if job.missing else None)
             if oov:
                 counter.inc(oov)
+
+
+def _average(old: float, new: float) -> float:
+    """An exponentially weighted average of measured times (the first one as it is)."""
+    return new if old == 0 else 0.8 * old + 0.2 * new
 
 
 def _missing(values: Sequence[Any], nones: int | None = None) -> int:
