@@ -65,6 +65,7 @@ class ServerState:
         self.load_error: str | None = None
         self.tasks: list[asyncio.Task[Any]] = []
         self._feature_counters: dict[str, tuple[Any, Any]] = {}
+        self._request_metrics: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
     async def start(self) -> None:
         """Load and warm the models, then serve (``/readyz`` turns 200)."""
@@ -96,20 +97,37 @@ class ServerState:
             await asyncio.to_thread(self.log.close)
 
     async def score(self, request_id: str, columns: Mapping[str, Sequence[Any]], n_rows: int,
-                    deadline: float, context: Mapping[str, Any] | None = None
-                    ) -> tuple[np.ndarray, Slot]:
-        """Scores from the slot the request id picks (the new one if it was just swapped)."""
+                    deadline: float, context: Mapping[str, Any] | None = None,
+                    missing: Mapping[str, int] | None = None) -> tuple[np.ndarray, Slot]:
+        """Scores from the slot the request id picks (the new one if it was just swapped);
+        ``missing``: :meth:`count_features`' counts, reused by the batcher."""
         if self.router is None:
             raise Overloaded("not_ready", 1.0)
         for _ in range(3):
             slot = self.router.pick(request_id)
             try:
-                return await slot.batcher.submit(columns, n_rows, deadline, context), slot
+                return (await slot.batcher.submit(columns, n_rows, deadline, context, missing),
+                        slot)
             except Retired:
                 continue
         raise Overloaded("deadline", 1.0)
 
-    def count_features(self, columns: Mapping[str, Sequence[Any]], n_rows: int) -> None:
+    def observe_request(self, endpoint: str, status: str, version: str, seconds: float
+                        ) -> None:
+        """An answered request in the duration histogram and the request counter; their
+        label children are looked up once per (endpoint, status, version)."""
+        key = (endpoint, status, version)
+        children = self._request_metrics.get(key)
+        if children is None:
+            children = self._request_metrics[key] = (self.metrics.duration.labels(*key),
+                                                     self.metrics.requests.labels(*key))
+        children[0].observe(seconds)
+        children[1].inc()
+
+    def count_features(self, columns: Mapping[str, Sequence[Any]], n_rows: int
+                       ) -> dict[str, int]:
+        """Count the rows and missing (None) values per input column; returns the None
+        values per column (absent columns: every row)."""
         assert self.parser is not None
         if not self._feature_counters:  # a label lookup per feature and request adds up
             self._feature_counters = {
@@ -117,11 +135,13 @@ class ServerState:
                        self.metrics.feature_missing.labels(name))
                 for name in self.parser.columns}
         counters = self._feature_counters
-        for name, missing in count_missing(columns, self.parser.columns, n_rows).items():
+        counted = count_missing(columns, self.parser.columns, n_rows)
+        for name, missing in counted.items():
             values, missed = counters[name]
             values.inc(n_rows)
             if missing:
                 missed.inc(missing)
+        return counted
 
 
 def _error_response(exc: ClientError, request_id: str) -> JSONResponse:
@@ -192,10 +212,10 @@ def create_app(config: ServeConfig) -> FastAPI:
             else:
                 columns, n_rows = state.parser.score(body)
                 every_row = columns
-            state.count_features(every_row, n_rows)
+            missing = state.count_features(every_row, n_rows)
             try:
                 scores, slot = await state.score(request_id, columns, n_rows, deadline,
-                                                 context)
+                                                 context, missing)
             except model_api.InputError as exc:
                 raise _input_error(exc, index_name) from None
             version = slot.version
@@ -215,10 +235,8 @@ def create_app(config: ServeConfig) -> FastAPI:
                 503, "overloaded" if exc.reason != "not_ready" else "not_ready",
                 f"request refused ({exc.reason.replace('_', ' ')}): retry later",
                 headers={"Retry-After": retry}), request_id)
-        status = str(response.status_code)
-        state.metrics.duration.labels(endpoint, status, version).observe(
-            time.perf_counter() - started)
-        state.metrics.requests.labels(endpoint, status, version).inc()
+        state.observe_request(endpoint, str(response.status_code), version,
+                              time.perf_counter() - started)
         return response
 
     @app.post("/v1/score")

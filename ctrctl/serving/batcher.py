@@ -11,9 +11,10 @@ merged into one batch, scored by the exported program once, and the scores split
     scores    [a a a | b b | c c c c]  ->  A, B, C
 
 Load is shed, not queued without limit: a request that would take the queue past
-``max_queue_rows`` or could not be scored before its deadline (the queue ahead of it times
-the measured seconds per row) is refused at once with :class:`Overloaded` (a 503 with
-``Retry-After``), and a request still queued at its deadline is dropped the same way.
+``max_queue_rows`` or could not be scored before its deadline (estimated from the queue
+ahead of it: a measured fixed cost per model call plus a measured cost per row) is refused
+at once with :class:`Overloaded` (a 503 with ``Retry-After``), and a request still queued at
+its deadline is dropped the same way.
 
 A request that reaches an idle batcher (nothing queued, nothing being scored, no batch ended
 within ``max_wait_s``) is scored on the event loop's own thread, with no hop to the compute
@@ -47,6 +48,9 @@ from ctrctl.serving.metrics import Metrics
 
 #: Admit a request only if the estimate finishes it within this share of its time budget.
 ADMIT_SHARE = 0.8
+#: A batch of at most this many rows measures a model call's fixed cost; a larger one the
+#: cost of its rows beyond it.
+SMALL_BATCH_ROWS = 8
 
 
 class Overloaded(Exception):
@@ -72,6 +76,7 @@ class Job:
     deadline: float  # time.monotonic()
     future: asyncio.Future[np.ndarray]
     context: Mapping[str, Any] | None = None  # /v1/rank: features shared by every row
+    missing: Mapping[str, int] | None = None  # None values per column, counted on arrival
     abandoned: bool = False  # its client was answered 503; its rows left the queue count
     taken: bool = False  # in a batch
     inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None)
@@ -99,7 +104,10 @@ class Batcher:
         self.max_wait_s = max_wait_s
         self.max_queue_rows = max_queue_rows
         self.num_sparse = len(model.contract["sparse"])
-        self.seconds_per_row = 0.0  # measured; 0 until the first batch (or warm-up)
+        # a batch of r rows takes about seconds_per_batch + r * seconds_per_row (measured;
+        # 0 until the first batches or the warm-up)
+        self.seconds_per_row = 0.0
+        self.seconds_per_batch = 0.0
         self.queued_rows = 0
         self._busy_until = 0.0  # when the batch being scored should end (time.monotonic())
         self._last_end = -math.inf  # when the last batch ended (time.monotonic())
@@ -120,13 +128,42 @@ class Batcher:
         _, ids, lengths = model_api.encode_columns(model, {}, 1)
         missing_ids = [chunk.tolist() for chunk in torch.split(ids, lengths.tolist())]
         self._vocab_features = [(i, sparse[i]["name"], missing_ids[i] == [0]) for i in vocab]
+        # label children looked up once: a lookup per feature and request adds up
+        self._oov_counters = [metrics.feature_oov.labels(name) for i, name, _ in
+                              self._vocab_features]
+        self._zch_counters: dict[str, Any] = {}
+        self._queue_wait = metrics.queue_wait.labels(version)
+        self._batch_rows = metrics.batch_rows.labels(version)
+        self._scores = metrics.score.labels(version)
 
     def warm(self, columns: Mapping[str, Sequence[Any]], n_rows: int, repeats: int = 3) -> None:
-        """Score a batch a few times (first calls are slow) and measure seconds per row."""
+        """Score a batch, and its first row alone, a few times (first calls are slow), and
+        measure the fixed cost of a model call and the cost per row."""
+        one_row = {name: list(values[:1]) for name, values in columns.items()}
         for _ in range(repeats):
-            start = time.perf_counter()
-            model_api.score_columns(self.model, columns, n_rows)
-            self.seconds_per_row = (time.perf_counter() - start) / max(n_rows, 1)
+            timed = []
+            for part, rows in ((one_row, 1), (columns, n_rows)):
+                start = time.perf_counter()
+                model_api.score_columns(self.model, part, rows)
+                timed.append(time.perf_counter() - start)
+        self.seconds_per_batch = timed[0]
+        self.seconds_per_row = max(timed[1] - timed[0], 0.0) / max(n_rows - 1, 1)
+
+    def estimate(self, rows: int) -> float:
+        """Seconds one batch of ``rows`` rows should take (encoding and scoring)."""
+        return self.seconds_per_batch + rows * self.seconds_per_row
+
+    def _measured(self, rows: int, seconds: float) -> None:
+        """Learn from a batch: a small one measures the fixed cost, a larger one the cost per
+        row beyond it (a run of 1-row requests, nearly all fixed cost, must not make a
+        270-row request look like 270 of them to the deadline test)."""
+        if rows <= SMALL_BATCH_ROWS:
+            self.seconds_per_batch = _average(self.seconds_per_batch, seconds)
+            if self.seconds_per_row == 0:  # no larger batch yet: all of it per row
+                self.seconds_per_row = seconds / rows
+        else:
+            per_row = max(seconds - self.seconds_per_batch, 0.0) / rows
+            self.seconds_per_row = _average(self.seconds_per_row, per_row)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -142,23 +179,24 @@ class Batcher:
         self._executor.shutdown(wait=True)
 
     async def submit(self, columns: Mapping[str, Sequence[Any]], n_rows: int,
-                     deadline: float, context: Mapping[str, Any] | None = None
-                     ) -> np.ndarray:
+                     deadline: float, context: Mapping[str, Any] | None = None,
+                     missing: Mapping[str, int] | None = None) -> np.ndarray:
         """Scores (n_rows,) for raw columns (and ``context``: features of every row, encoded
-        once), or :class:`Overloaded` / an ``InputError``."""
+        once), or :class:`Overloaded` / an ``InputError``. ``missing``: the None values per
+        column if the caller counted them already (the out-of-vocabulary count reuses
+        them)."""
         if self._closed:
             raise Retired()
         now = time.monotonic()
         if self.queued_rows + n_rows > self.max_queue_rows and self.queued_rows > 0:
             raise Overloaded("queue_full", self._retry_after())
         # the batch on the thread now, then every queued row, then this request's
-        expected = (max(now, self._busy_until)
-                    + (self.queued_rows + n_rows) * self.seconds_per_row)
+        expected = max(now, self._busy_until) + self.estimate(self.queued_rows + n_rows)
         # a margin for what the estimate misses (the event loop's own work, a busy machine)
         if expected > now + ADMIT_SHARE * (deadline - now):
             raise Overloaded("deadline", self._retry_after())
         job = Job(columns, n_rows, now, deadline, asyncio.get_running_loop().create_future(),
-                  context or None)
+                  context or None, missing)
         if self._idle(now) and n_rows <= self.max_batch_rows:
             return self._score_inline(job)
         self.queued_rows += n_rows
@@ -184,7 +222,7 @@ class Batcher:
         """Score ``job`` now, on the calling (event loop) thread."""
         self.inline_requests += 1
         job.taken = True
-        self._busy_until = time.monotonic() + job.n_rows * self.seconds_per_row
+        self._busy_until = time.monotonic() + self.estimate(job.n_rows)
         try:
             results, scores = self._score([job])
         finally:
@@ -242,7 +280,7 @@ class Batcher:
             self.queued_rows -= rows
             if not batch:
                 continue
-            self._busy_until = time.monotonic() + rows * self.seconds_per_row
+            self._busy_until = time.monotonic() + self.estimate(rows)
             self._in_flight = True
             try:
                 results, scores = await loop.run_in_executor(self._executor, self._score,
@@ -261,9 +299,7 @@ class Batcher:
                 loop.call_soon(self._observe_scores, scores)
 
     def _observe_scores(self, scores: np.ndarray) -> None:
-        histogram = self.metrics.score.labels(self.version)
-        for value in scores.tolist():
-            histogram.observe(value)
+        self._scores.observe_many(scores)
 
     def _score(self, batch: list[Job]
                ) -> tuple[list[np.ndarray | BaseException], np.ndarray | None]:
@@ -279,7 +315,7 @@ class Batcher:
             if job.abandoned or start > job.deadline:
                 results[i] = Overloaded("timeout")
                 continue
-            self.metrics.queue_wait.labels(self.version).observe(start - job.arrived)
+            self._queue_wait.observe(start - job.arrived)
             try:
                 pooled = (pool_with_context(self.model, job.columns, job.n_rows, job.context)
                           if job.context else None)
@@ -312,11 +348,9 @@ class Batcher:
                 assert merged is not None
                 scores = self.model.score(*merged).numpy()
             rows = len(scores)
-            self.metrics.batch_rows.labels(self.version).observe(rows)
-            # encoding and scoring: what a queued row will cost (the deadline test's rate)
-            per_row = (time.monotonic() - start) / rows
-            self.seconds_per_row = (per_row if self.seconds_per_row == 0
-                                    else 0.8 * self.seconds_per_row + 0.2 * per_row)
+            self._batch_rows.observe(rows)
+            # encoding and scoring: what a batch will cost (the deadline test's estimate)
+            self._measured(rows, time.monotonic() - start)
             offset = 0
             for i, n in ([(i, p[0].size(0)) for i, p in parts]
                          + [(i, d.size(0)) for i, d, _ in pooled_parts]):
@@ -333,29 +367,47 @@ class Batcher:
         if zch:
             for name, n in self.model.default_row_lookups(inputs[1], inputs[2]).items():
                 if n:
-                    self.metrics.zch_default.labels(name).inc(n)
+                    counter = self._zch_counters.get(name)
+                    if counter is None:
+                        counter = self._zch_counters[name] = \
+                            self.metrics.zch_default.labels(name)
+                    counter.inc(n)
         if not self._vocab_features:
             return
-        # Ids 0 per feature in one pass; a vocabulary maps an unseen value to 0, and a
-        # missing one to its null id (0 too when no null was seen in training).
-        _, ids, lengths = inputs
-        per_feature = lengths.view(self.num_sparse, -1).sum(1)  # (F,)
-        feature_of_id = torch.repeat_interleave(torch.arange(self.num_sparse), per_feature)
-        zeros = torch.zeros(self.num_sparse, dtype=torch.int64).index_add_(
-            0, feature_of_id, (ids == 0).to(torch.int64))  # (F,) ids 0 per feature
+        # Ids 0 per feature in one pass over all ids; a vocabulary maps an unseen value to 0,
+        # and a missing one to its null id (0 too when no null was seen in training).
+        # (numpy views of the tensors: a few small ops, each cheaper than torch's dispatch)
+        ids, lengths = inputs[1].numpy(), inputs[2].numpy()
+        per_feature = lengths.reshape(self.num_sparse, -1).sum(1)  # (F,)
+        ends = np.cumsum(per_feature)  # (F,) where each feature's run of ids ends
+        zeros_before = np.zeros(len(ids) + 1, dtype=np.int64)  # ids 0 before each position
+        np.cumsum(ids == 0, out=zeros_before[1:])
+        zeros = zeros_before[ends] - zeros_before[ends - per_feature]  # (F,) ids 0 per feature
         counts, per_row = zeros.tolist(), per_feature.tolist()
-        for f, name, missing_is_zero in self._vocab_features:
+        for (f, name, missing_is_zero), counter in zip(self._vocab_features,
+                                                       self._oov_counters, strict=True):
+            oov = counts[f]
+            if not oov or per_row[f] != job.n_rows:
+                continue  # no id 0 (so no unseen value), or not one id per row
             values = job.columns.get(name)
-            if values is None or per_row[f] != job.n_rows:
-                continue
-            oov = counts[f] - (_missing(values) if missing_is_zero else 0)
+            if values is None:
+                continue  # absent (every row missing), or a /v1/rank context feature
+            if missing_is_zero:
+                oov -= _missing(values, job.missing.get(name) if job.missing else None)
             if oov:
-                self.metrics.feature_oov.labels(name).inc(oov)
+                counter.inc(oov)
 
 
-def _missing(values: Sequence[Any]) -> int:
-    """Values the encoder takes as missing: None and "" (as the preprocess step)."""
-    return values.count(None) + values.count("")
+def _average(old: float, new: float) -> float:
+    """An exponentially weighted average of measured times (the first one as it is)."""
+    return new if old == 0 else 0.8 * old + 0.2 * new
+
+
+def _missing(values: Sequence[Any], nones: int | None = None) -> int:
+    """Values the encoder takes as missing: None and "" (as the preprocess step);
+    ``nones``: the None values if counted already."""
+    return (values.count(None) if nones is None else nones) + values.count("")
+
 
 
 def merge_inputs(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],

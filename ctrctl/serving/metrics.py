@@ -26,7 +26,9 @@ Names::
 from __future__ import annotations
 
 import os
+from typing import Any
 
+import numpy as np
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -40,6 +42,39 @@ LATENCY_BUCKETS = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 
                    0.1, 0.2, 0.5, 1.0, 2.5, 5.0)
 ROW_BUCKETS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 SCORE_BUCKETS = tuple(i / 20 for i in range(1, 20)) + (0.99,)
+
+
+class BulkHistogram(Histogram):
+    """A :class:`~prometheus_client.Histogram` that also takes many values in one call.
+
+    :meth:`observe_many` counts the values per bucket with numpy (``searchsorted`` on the
+    bounds) and adds each bucket's count once, and their sum once: the same buckets,
+    ``_sum`` and ``_count`` as :meth:`observe` of each value (the sum up to the order of
+    the float additions), for a few bucket updates instead of one call per value. It works
+    in multiprocess mode too: the updates go to the same per-bucket values.
+
+    Example:
+        >>> scores = BulkHistogram("score", "Scores.", ["model_version"], buckets=(0.5, 1.0))
+        >>> scores.labels("3").observe_many(np.array([0.2, 0.7, 0.9]))  # le=0.5: 1, le=1.0: 3
+    """
+
+    def _metric_init(self) -> None:
+        super()._metric_init()
+        # observe() puts a value in the first bucket whose bound is >= it: searchsorted's
+        # "left" side; a NaN sorts after +Inf and is counted in no bucket, as by observe()
+        self._bounds = np.asarray(self._upper_bounds, dtype=np.float64)
+
+    def observe_many(self, values: Any) -> None:
+        """Observe every value of ``values`` (an array or a sequence of floats)."""
+        self._raise_if_not_observable()
+        array = np.asarray(values, dtype=np.float64).reshape(-1)
+        if not array.size:
+            return
+        bucket = np.searchsorted(self._bounds, array, side="left")
+        counts = np.bincount(bucket, minlength=len(self._bounds))[:len(self._bounds)]
+        self._sum.inc(float(array.sum()))
+        for i in np.flatnonzero(counts).tolist():
+            self._buckets[i].inc(float(counts[i]))
 
 
 def multiprocess() -> bool:
@@ -65,7 +100,7 @@ class Metrics:
                                     ["model_version"], buckets=ROW_BUCKETS, registry=r)
         self.shed = Counter("ctrctl_shed", "Requests refused with 503 (queue full or deadline).",
                             ["reason"], registry=r)
-        self.score = Histogram("ctrctl_score", "Scores returned.", ["model_version"],
+        self.score = BulkHistogram("ctrctl_score", "Scores returned.", ["model_version"],
                                buckets=SCORE_BUCKETS, registry=r)
         self.feature_values = Counter("ctrctl_feature_values", "Rows seen per feature.",
                                       ["feature"], registry=r)

@@ -178,10 +178,8 @@ def install(app: FastAPI, state: ServerState) -> None:
                  "message": f"request refused ({exc.reason.replace('_', ' ')}): retry later"},
                 status_code=503, headers={"Retry-After": str(max(1, round(exc.retry_after_s))),
                                           "X-Request-Id": request_id})
-        status = str(response.status_code)
-        state.metrics.duration.labels("recommend", status, version).observe(
-            time.perf_counter() - started)
-        state.metrics.requests.labels("recommend", status, version).inc()
+        state.observe_request("recommend", str(response.status_code), version,
+                              time.perf_counter() - started)
         return response
 
 

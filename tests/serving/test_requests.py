@@ -187,3 +187,31 @@ def test_an_idle_request_is_scored_inline_and_company_is_batched(exported: Expor
 
 def _count(histogram: Any) -> float:
     return sum(bucket.get() for bucket in histogram._buckets)
+
+
+def test_a_large_request_after_small_ones_is_not_refused_for_their_fixed_cost(
+        exported: Exported) -> None:
+    """A 1-row batch costs nearly all fixed time (a model call), not time per row: after a
+    run of them, the deadline test still admits a 270-row request that its rate per row
+    scores well within its deadline."""
+    model = load_artifact(exported.export)
+    names = model_api.input_columns(model)
+    records = exported.records(270)
+    one = {n: [records[0].get(n)] for n in names}
+    many = {n: [r.get(n) for r in records] for n in names}
+
+    async def run() -> np.ndarray:
+        batcher = Batcher(model, Metrics(), "v", max_wait_s=0.001)
+        batcher.warm({n: [None] * 256 for n in names}, 256)
+        batcher.start()
+        for _ in range(20):
+            await batcher.submit(one, 1, time.monotonic() + 5.0)
+            await asyncio.sleep(0.002)
+        assert batcher.estimate(270) < 270 * batcher.estimate(1) / 4
+        try:  # 270 times a 1-row call's time would not fit this deadline
+            return await batcher.submit(many, 270, time.monotonic() + 0.2)
+        finally:
+            await batcher.stop()
+
+    scores = asyncio.run(run())
+    np.testing.assert_array_equal(scores, model_api.score_columns(model, many, 270))
