@@ -341,7 +341,7 @@ def _missing_mask(column):
         return np.zeros(len(column), bool)
     n = len(column)
     if set(map(type, column)) <= {str, _NONE}:  # the common case: compared in C
-        return np.equal(column, None) | np.equal(column, "")
+        return (column == None) | (column == "")  # noqa: E711  (elementwise, in C)
     return np.fromiter((v is None or (isinstance(v, str) and v == "") or
                         (isinstance(v, float) and v != v) for v in column), bool, count=n)
 
