@@ -9,7 +9,7 @@ functions of the in-process path by cumulative time.
 
 Usage:
     python scripts/profile_serve.py --export EXPORT --raw test.tsv [--rows 270] [--repeats 50]
-        [--threads 2] [--cprofile 25] [--out bench-out/profile-serve.json]
+        [--threads 2] [--cprofile 25] [--gap-ms 20] [--out bench-out/profile-serve.json]
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--cprofile", type=int, default=0, help="print the top N functions")
     parser.add_argument("--no-http", action="store_true", help="stages only")
+    parser.add_argument("--gap-ms", type=float, default=0.0,
+                        help="also time the whole in-process path after this long idle "
+                             "before each request (a cold core, as between requests)")
     parser.add_argument("--out", type=Path, default=None)
     return parser.parse_args(argv)
 
@@ -51,7 +54,7 @@ def _summary(samples: list[float]) -> dict[str, float]:
             "p90_ms": ms[int(0.9 * (len(ms) - 1))], "max_ms": ms[-1]}
 
 
-def time_stages(export: Path, body: bytes, repeats: int, cprofile: int
+def time_stages(export: Path, body: bytes, repeats: int, cprofile: int, gap_ms: float = 0.0
                 ) -> dict[str, dict[str, float]]:
     """Each stage of the in-process path, timed ``repeats`` times (after a warm-up)."""
     import torch
@@ -96,6 +99,13 @@ def time_stages(export: Path, body: bytes, repeats: int, cprofile: int
                 whole()
             profile.disable()
             pstats.Stats(profile).sort_stats("cumulative").print_stats(cprofile)
+        if gap_ms:  # the whole path again with the process idle in between, as a server is
+            times[f"in_process_total_after_{gap_ms:g}_ms_idle"] = gapped = []
+            for _ in range(repeats):
+                time.sleep(gap_ms / 1000.0)
+                start = time.perf_counter()
+                whole()
+                gapped.append(time.perf_counter() - start)
     return {name: _summary(t) for name, t in times.items()}
 
 
@@ -148,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"cpu": cpu_model(), "rows": args.rows, "repeats": args.repeats,
                               "torch_threads": torch.get_num_threads(),
                               "body_bytes": len(body), "load_before": os.getloadavg()}
-    result["stages"] = time_stages(args.export, body, args.repeats, args.cprofile)
+    result["stages"] = time_stages(args.export, body, args.repeats, args.cprofile, args.gap_ms)
     if not args.no_http:
         result["http"] = time_http(args.export, body, args.repeats, args.threads)
     result["load_after"] = os.getloadavg()
