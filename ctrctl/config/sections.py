@@ -106,6 +106,8 @@ class ModelConfig(_Section):
             interaction where the dense vector would be, so each embedding has a first-order
             term too (its dot with that vector), as dense models get from the dense vector;
             false: the embeddings' pairwise dots only (checkpoints from before this setting).
+        dropout: the share of each hidden layer's outputs (both MLPs) zeroed at random in
+            training (0: none); no effect in evaluation, export or serving.
         kind: ``dlrm`` (the ranker) or ``two_tower`` (retrieval: the schema's ``role:
             query`` features feed ``query_tower``, ``item``/``item_id`` ones ``item_tower``;
             dense_arch, over_arch and interaction are not used).
@@ -126,6 +128,7 @@ class ModelConfig(_Section):
     cached_tables: dict[PathName, float] = Field(default_factory=dict)
     cache_dir: str | None = None
     first_order: bool = True
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:

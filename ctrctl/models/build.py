@@ -118,6 +118,7 @@ def build_model(config: PipelineConfig, manifest: DatasetManifest,
         cached_tables=m.cached_tables,
         cache_dir=m.cache_dir,
         first_order=m.first_order,
+        dropout=m.dropout,
     )
 
 
@@ -162,6 +163,7 @@ def dlrm_from_manifest(
     cached_tables: dict[str, float] | None = None,
     cache_dir: str | None = None,
     first_order: bool = True,
+    dropout: float = 0.0,
 ) -> DLRM:
     """A DLRM for a preprocessed dataset: one table per sparse feature, named as the feature.
 
@@ -169,8 +171,8 @@ def dlrm_from_manifest(
         manifest: the dataset's manifest (dense features, sparse features and table sizes).
         embedding_dim: D for every table; ``dense_arch_layer_sizes`` must end with it (a
             dataset without dense features ignores them).
-        dense_arch_layer_sizes, over_arch_layer_sizes, interaction, dcn_*, first_order: see
-            :class:`DLRM`.
+        dense_arch_layer_sizes, over_arch_layer_sizes, interaction, dcn_*, first_order,
+            dropout: see :class:`DLRM`.
         optimizer: the fused embedding optimizer.
         pooling: pooling of every table (multi-hot features use it).
         device, backend, seed: see :class:`EmbeddingBagCollection`.
@@ -217,6 +219,7 @@ def dlrm_from_manifest(
         dcn_low_rank_dim=dcn_low_rank_dim,
         dense_autocast=dense_autocast,
         first_order=first_order,
+        dropout=dropout,
     )
     return model.to(device or "cpu")
 

@@ -142,6 +142,7 @@ class DLRM(nn.Module):
         interaction_pad_to: int = 8,
         first_order: bool = True,
         collisions: ManagedCollisionCollection | None = None,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         if dense_in_features < 0:
@@ -173,7 +174,8 @@ class DLRM(nn.Module):
         self.sparse_arch = embedding_bag_collection
         self.collisions = collisions
         self.dense_arch: MLP | None = (
-            MLP(dense_in_features, dense_arch_layer_sizes) if dense_in_features else None)
+            MLP(dense_in_features, dense_arch_layer_sizes, dropout=dropout)
+            if dense_in_features else None)
         self.interaction: DotInteraction | SparseDotInteraction | DCNInteraction
         # Without a dense vector DCN crosses the F embeddings alone: the interaction's
         # "dense" slot takes the first of them, so its input is their concatenation.
@@ -198,6 +200,7 @@ class DLRM(nn.Module):
             self.interaction.output_dim(embedding_dim),
             over_arch_layer_sizes,
             final_activation=False,
+            dropout=dropout,
         )
         self.dense_autocast = dense_autocast
         if isinstance(self.interaction, DotInteraction | SparseDotInteraction):

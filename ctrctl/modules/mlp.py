@@ -159,11 +159,14 @@ class MLP(nn.Module):
             runs the C GEMM wherever it can (float32 CPU tensors, no autocast, no tracing,
             layers at least ``NATIVE_MIN_WIDTH`` wide); "torch" always runs torch's
             layers.
+        dropout: in training, the share of each hidden layer's outputs zeroed at random
+            (after its ReLU, not after the last layer); training with dropout runs torch's
+            layers. Evaluation, tracing and export see no dropout.
     """
 
     def __init__(
         self, in_features: int, layer_sizes: Sequence[int], final_activation: bool = True,
-        kernel: Kernel = "auto",
+        kernel: Kernel = "auto", dropout: float = 0.0,
     ) -> None:
         super().__init__()
         if not layer_sizes or any(size <= 0 for size in layer_sizes) or in_features <= 0:
@@ -172,6 +175,8 @@ class MLP(nn.Module):
                 f"layer_sizes={list(layer_sizes)}",
                 where="MLP",
             )
+        if not 0.0 <= dropout < 1.0:
+            raise ConfigError(f"MLP dropout must be in [0, 1), got {dropout}", where="MLP")
         if kernel not in KERNELS:
             raise ConfigError(f"unknown dense kernel '{kernel}'", where="MLP",
                               hint=f"use one of {', '.join(KERNELS)}")
@@ -185,9 +190,12 @@ class MLP(nn.Module):
         self.layers = nn.Sequential(*layers)
         self.out_features = widths[-1]
         self.kernel: Kernel = kernel
+        self.dropout = dropout
         self.native_buffers = [LayerBuffers() for _ in layer_sizes]  # the C GEMM's memory
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dropout and self.training:
+            return self._forward_dropout(x)
         if not _native_usable(self.kernel, x):
             return self.layers(x)  # (B, in) -> (B, out)
         modules = list(self.layers)
@@ -210,4 +218,13 @@ class MLP(nn.Module):
                     x = torch.relu(x)
             i += 2 if relu else 1
             layer += 1
+        return x
+
+    def _forward_dropout(self, x: torch.Tensor) -> torch.Tensor:
+        """Torch's layers, each hidden layer's activations dropped out (training only)."""
+        modules = list(self.layers)
+        for i, module in enumerate(modules):
+            x = module(x)
+            if type(module) is nn.ReLU and i + 1 < len(modules):
+                x = nn.functional.dropout(x, self.dropout, training=True)
         return x

@@ -17,6 +17,7 @@ from ctrctl.modules import (
     LowRankCrossNet,
     dlrm_loss,
 )
+from ctrctl.modules.mlp import MLP
 from ctrctl.sparse import KeyedJaggedTensor
 
 DIM = 8
@@ -298,3 +299,46 @@ def test_zero_dense_model_from_manifest_and_errors() -> None:
                                     EmbeddingBagConfig("b", 10, 8, ["g"])])
     with pytest.raises(ConfigError, match="one embedding dim"):
         DLRM(mixed, 0, [], [4, 1])
+
+
+def test_dropout_drops_hidden_activations_in_training_only() -> None:
+    torch.manual_seed(0)
+    plain, dropped = MLP(6, [32, 16, 1], final_activation=False), MLP(
+        6, [32, 16, 1], final_activation=False, dropout=0.25)
+    dropped.load_state_dict(plain.state_dict())  # the same parameters, the same keys
+    x = torch.randn(64, 6)
+    dropped.eval()
+    assert torch.equal(dropped(x), plain(x))  # no dropout outside training
+    dropped.train()
+    torch.manual_seed(3)
+    got = dropped(x)
+    # The reference: torch's dropout after each hidden ReLU only (not after the logit layer),
+    # drawn in the same order from the same seed.
+    torch.manual_seed(3)
+    linears = [m for m in plain.layers if isinstance(m, torch.nn.Linear)]
+    h = x
+    for i, linear in enumerate(linears):
+        h = linear(h)
+        if i + 1 < len(linears):
+            h = torch.relu(h)
+            h = torch.nn.functional.dropout(h, 0.25, training=True)
+    torch.testing.assert_close(got, h)
+    assert (got != plain(x)).any()
+    with pytest.raises(ConfigError, match="dropout"):
+        MLP(6, [4], dropout=1.0)
+
+
+def test_dlrm_dropout_trains_and_scores_as_without_it_in_eval() -> None:
+    torch.manual_seed(0)
+    base = tiny_model()
+    tables = [EmbeddingBagConfig(f"t_{i}", 50, DIM, [f"C{i}"]) for i in range(3)]
+    ebc = EmbeddingBagCollection(tables, optimizer=EmbeddingOptimizerConfig(
+        kind="exact_rowwise_adagrad", lr=0.1), seed=0)
+    model = DLRM(ebc, 4, [16, DIM], [16, 1], dropout=0.5)
+    model.load_state_dict(base.state_dict())
+    dense, kjt, _ = tiny_batch(32)
+    base.eval()
+    model.eval()
+    assert torch.equal(model(dense, kjt), base(dense, kjt))
+    model.train()
+    assert not torch.equal(model(dense, kjt), base(dense, kjt))

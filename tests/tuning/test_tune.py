@@ -195,6 +195,7 @@ def test_pruning_stops_a_diverging_trial(tmp_path: Path,
     ("embedding_optimizer.lr: {low: 0.5, high: 0.01}\n", "val.logloss", "low 0.5 is above high 0.01"),
     ("embedding_optimizer.lr: {low: 0.01, high: 0.5}\n", "val.recall", "unknown metric 'val.recall'"),
     ("model.interaction: {choices: [dot, fm]}\n", "val.logloss", "the value 'fm' is not accepted"),
+    ("model.dropout: {choices: [0, 0.1, 1.5]}\n", "val.logloss", "the value 1.5 is not accepted"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                      space: str, metric: str, message: str) -> None:
