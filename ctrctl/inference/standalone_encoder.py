@@ -139,7 +139,7 @@ class Encoder:
         # dominates a request of a few hundred rows); where that fails, column by column,
         # to name the column and row at fault. Values seen before come from a cache.
         dense = np.empty((n_rows, len(self.contract["dense"])), np.float32)
-        values = self._dense_values(raw, n_rows)
+        values = self._dense_columns(raw, n_rows)
         for j, feature in enumerate(self.contract["dense"]):
             dense[:, j] = _dense(feature, values.get(feature["name"]), n_rows)
         hits, unseen = self._lookup([(name, self._cache[name]) for name, _ in self._simple],
@@ -175,7 +175,7 @@ class Encoder:
         return hits, unseen
 
     # ---- dense features -----------------------------------------------------------------
-    def _dense_values(self, raw, n_rows):
+    def _dense_columns(self, raw, n_rows):
         """{name: (float64 values, missing)} of the dense columns given: text seen before
         from its kind's cache (a missing value as NaN there), the rest parsed."""
         features = [(d["name"], d.get("type", "float")) for d in self.contract["dense"]]

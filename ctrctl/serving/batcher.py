@@ -409,7 +409,6 @@ def _missing(values: Sequence[Any], nones: int | None = None) -> int:
     return (values.count(None) if nones is None else nones) + values.count("")
 
 
-
 def merge_inputs(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
                  num_sparse: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Several requests' (dense, ids, lengths) as one batch, key-major as the program reads.
