@@ -171,11 +171,19 @@ def sweep_server(command: list[str], ready: str, url: str, requests: Any, rates:
 
     process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True)
+    points, cpu_ms = [], []
     try:
         wait_ready(ready, process)
-        # every rate, past the first miss: the curve, not only the answer
-        points = sweep(url, requests, rates, duration, protocol=protocol, p99_ms=p99_ms,
-                       stop_after_miss=False)
+        # every rate, past the first miss: the curve, not only the answer; one rate at a
+        # time, to read the server process's CPU time around each
+        for rate in sorted(rates):
+            before = _cpu_seconds(process.pid)
+            [point] = sweep(url, requests, [rate], duration, protocol=protocol,
+                            p99_ms=p99_ms, stop_after_miss=False)
+            points.append(point)
+            answered = point.to_dict()["requests"]
+            cpu_ms.append(1000 * (_cpu_seconds(process.pid) - before) / answered
+                          if answered else None)
     finally:
         code = stop(process)
     best = highest_rate(points, p99_ms)
@@ -183,6 +191,9 @@ def sweep_server(command: list[str], ready: str, url: str, requests: Any, rates:
               for b in sorted({p99_ms, 10.0, 50.0})}
     return {"command": " ".join(command), "exit_code": code,
             "points": [p.to_dict() for p in points], "p99_bound_ms": p99_ms,
+            # ctrctl serve's first process's own CPU time per request (with --workers 1, the
+            # whole server; mlflow's first process is a launcher, so none for it)
+            "server_cpu_ms_per_request": cpu_ms if protocol == "ctrctl" else None,
             "highest_rate": best.offered_qps if best else None,
             "highest_rate_by_p99_ms": bounds}
 
@@ -295,6 +306,12 @@ def worker_memory(export: Path, env: dict[str, str], workers: int = 2) -> dict[s
     return {"export": str(export), "table_bytes": table_bytes, "workers": found,
             "private_table_bytes_per_worker_over_table_bytes": [
                 w["table_pages"]["private"] / max(table_bytes, 1) for w in found]}
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (its threads, not its children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _rss(pid: int) -> int:
