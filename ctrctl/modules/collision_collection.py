@@ -54,7 +54,7 @@ class ManagedCollisionCollection(nn.Module):
         tables: every table's config (features, rows, dims and init ranges come from here).
         seed: seed of the re-initialisation of reassigned rows (with the table name and step,
             so every rank draws the same rows); kept in the state dict.
-        process_group: training with several ranks: the group whose keys are gathered.
+        process_group: training with several ranks: the group that exchanges the keys.
 
     The remappers update in training mode (``model.train()``) and only look up in eval mode.
     """
