@@ -9,9 +9,21 @@ median of ``--steps`` steps, and the spread (min-max) over runs. ``--shards 1,8`
 the remapper whole and split into 8 parts held by one process (the cost of routing keys to
 their parts; each part admits and evicts on its own).
 
+``--ranks 2`` also measures the ranks' exchange of a step's keys: ``--ranks`` gloo processes
+each hold the parts (``--exchange-shards``) of their row-wise block of the table and remap a
+training step of ``--batch`` ids split evenly over them, through the collection's forward
+(keys exchanged, remapped, slots returned, reassigned rows reset in a ``--dim`` table), once
+with each exchange (``all_gather``: every key to every rank and a sum of the slots;
+``all_to_all``: each key to its part's rank alone). Per step: the slowest rank's time, the
+ranks' CPU time summed (their threads, gloo's included: less sensitive to a loaded machine
+than the wall time), and the bytes a rank sends to the others (all-gather: the tensor to
+each other rank; all-reduce: a ring's ``2 (W-1)/W`` of it; all-to-all: what goes to the
+other ranks), counted at the collectives the collection calls.
+
 Usage:
     python scripts/bench_zch_remap.py [--capacities 10000,100000] [--shards 1] [--batch 16384]
-        [--dim 64] [--steps 9] [--repeats 3] [--threads 1] [--out bench-out/zch_remap.json]
+        [--dim 64] [--steps 9] [--repeats 3] [--threads 1] [--ranks 0] [--exchange-shards 8]
+        [--exchange-only] [--out bench-out/zch_remap.json]
 """
 
 from __future__ import annotations
@@ -47,6 +59,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=9)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--ranks", type=int, default=0,
+                   help="gloo processes for the exchange measurement (0: none)")
+    p.add_argument("--exchange-shards", type=int, default=8)
+    p.add_argument("--exchange-only", action="store_true",
+                   help="skip the one-process remap and lookup figures")
     p.add_argument("--out", type=Path, default=Path("bench-out/zch_remap.json"))
     return p.parse_args(argv)
 
@@ -92,13 +109,121 @@ def measure(capacity: int, shards: int, args: argparse.Namespace, seed: int
             "evictions_per_step": remapper.stats()["evictions"] / float(steps)}
 
 
+def measure_exchange(capacity: int, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Per exchange, the step time (ms, slowest rank) and bytes sent per rank: median and
+    min-max over ``--repeats`` runs, each the median of ``--steps`` steps."""
+    from ctrctl.distributed.processes import run_multiprocess
+
+    per_rank = run_multiprocess(exchange_rank, args.ranks, args=(capacity, vars(args)),
+                                timeout_s=900.0)
+    runs = per_rank[0]  # every rank returns the same (maxima over ranks)
+    out = {}
+    for name in EXCHANGES:
+        rows = runs[name]
+        out[name] = {k: {"median": statistics.median(r[k] for r in rows),
+                         "min": min(r[k] for r in rows), "max": max(r[k] for r in rows)}
+                     for k in rows[0]}
+    return out
+
+
+EXCHANGES = ("all_gather", "all_to_all")
+
+
+def exchange_rank(rank: int, world: int, capacity: int, options: dict[str, Any]
+                  ) -> dict[str, list[dict[str, float]]]:
+    """One rank of :func:`measure_exchange`: for each repeat and exchange, a fresh placed
+    collection warmed on the same stream, then ``steps`` timed steps."""
+    import torch.distributed as dist
+
+    from ctrctl.modules import ManagedCollisionCollection
+
+    args = argparse.Namespace(**options)
+    torch.set_num_threads(args.threads)
+    counter = _ByteCounter(world, dist.get_rank())
+    tables = [EmbeddingBagConfig("t", capacity, args.dim, ["f"])]
+    block = -(-capacity // world)
+    blocks = {"t": [(r, r * block, min(block, capacity - r * block)) for r in range(world)]}
+    share = args.batch // world
+    out: dict[str, list[dict[str, float]]] = {name: [] for name in EXCHANGES}
+    for repeat in range(args.repeats):
+        for name in EXCHANGES:
+            config = CollisionConfig(capacity=capacity, eviction="lru",
+                                     shards=args.exchange_shards)
+            mc = ManagedCollisionCollection({"t": config}, tables,
+                                            process_group=dist.group.WORLD)
+            mc.exchange = name  # type: ignore[assignment]
+            mc.place(blocks, rank)
+            ebc = EmbeddingBagCollection(tables)
+            rng = np.random.default_rng(1000 * repeat)  # the same global stream everywhere
+            times, cpu, sent = [], [], []
+            for step in range(max(2, 4 * capacity // args.batch) + args.steps):
+                keys = zipf_keys(rng, share * world, args.universe)[rank * share:][:share]
+                kjt = KeyedJaggedTensor(["f"], keys, lengths=torch.ones(share,
+                                                                        dtype=torch.int64))
+                dist.barrier()
+                counter.start()
+                t0, c0 = time.perf_counter(), time.process_time()
+                mc(kjt, ebc)
+                elapsed, used = time.perf_counter() - t0, time.process_time() - c0
+                counter.stop()
+                if step >= max(2, 4 * capacity // args.batch):  # warm: the table full
+                    times.append(elapsed)
+                    cpu.append(used)
+                    sent.append(counter.bytes)
+            slowest = torch.tensor([statistics.median(times), statistics.median(sent)],
+                                   dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            total_cpu = torch.tensor([statistics.median(cpu)], dtype=torch.float64)
+            dist.all_reduce(total_cpu)
+            out[name].append({"step_ms": float(slowest[0]) * 1e3,
+                              "cpu_ms_all_ranks": float(total_cpu[0]) * 1e3,
+                              "bytes_sent_per_rank": float(slowest[1])})
+    return out
+
+
+class _ByteCounter:
+    """Counts the bytes this rank sends to the others in the collectives the collection
+    calls (``all_gather``, ``all_reduce``, ``all_to_all_single``), while started."""
+
+    def __init__(self, world: int, rank: int) -> None:
+        import torch.distributed as dist
+
+        self.world, self.rank, self.bytes, self.on = world, rank, 0, False
+        for name in ("all_gather", "all_reduce", "all_to_all_single"):
+            setattr(dist, name, self._wrap(name, getattr(dist, name)))
+
+    def start(self) -> None:
+        self.bytes, self.on = 0, True
+
+    def stop(self) -> None:
+        self.on = False
+
+    def _wrap(self, name: str, call: Any) -> Any:
+        def counted(*a: Any, **kw: Any) -> Any:
+            if self.on:
+                self.bytes += self._sent(name, a)
+            return call(*a, **kw)
+        return counted
+
+    def _sent(self, name: str, a: tuple[Any, ...]) -> int:
+        w = self.world
+        if name == "all_gather":  # (outputs, tensor)
+            return (w - 1) * a[1].numel() * a[1].element_size()
+        if name == "all_reduce":  # a ring: reduce-scatter then all-gather
+            return 2 * (w - 1) * a[0].numel() * a[0].element_size() // w
+        tensor = a[1]  # all_to_all_single(output, input, output_splits, input_splits)
+        splits = a[3] if len(a) > 3 and a[3] is not None else [tensor.size(0) // w] * w
+        row = tensor[:1].numel() * tensor.element_size() if tensor.size(0) else 0
+        return (sum(splits) - splits[self.rank]) * row
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     report: dict[str, Any] = {"args": vars(args) | {"out": str(args.out)},
                               "load_before": Path("/proc/loadavg").read_text().split()[:3]}
-    cases = [(int(c), int(s)) for c in args.capacities.split(",")
-             for s in args.shards.split(",")]
+    cases = [] if args.exchange_only else [(int(c), int(s)) for c in args.capacities.split(",")
+                                           for s in args.shards.split(",")]
     for capacity, shards in cases:
         runs = [measure(capacity, shards, args, seed) for seed in range(args.repeats)]
         row = {k: {"median": statistics.median(r[k] for r in runs),
@@ -110,6 +235,15 @@ def main(argv: list[str] | None = None) -> int:
               f"ns/id [{row['remap_train_ns']['min']:.0f}-{row['remap_train_ns']['max']:.0f}]"
               f", remap (serve) {row['remap_serve_ns']['median']:.0f} ns/id, lookup dim "
               f"{args.dim} {row['lookup_ns']['median']:.0f} ns/id")
+    for capacity in [int(c) for c in args.capacities.split(",")] if args.ranks > 1 else []:
+        report[f"exchange/{capacity}/{args.exchange_shards}/{args.ranks}"] = exchange = (
+            measure_exchange(capacity, args))
+        for name, row in exchange.items():
+            print(f"capacity {capacity:,}, {args.exchange_shards} parts on {args.ranks} "
+                  f"ranks, {name}: {row['step_ms']['median']:.1f} ms/step "
+                  f"[{row['step_ms']['min']:.1f}-{row['step_ms']['max']:.1f}], "
+                  f"CPU {row['cpu_ms_all_ranks']['median']:.1f} ms (all ranks), "
+                  f"{row['bytes_sent_per_rank']['median'] / 1024:.0f} KiB sent per rank")
     report["load_after"] = Path("/proc/loadavg").read_text().split()[:3]
     write_json_atomic(args.out, report)
     return 0

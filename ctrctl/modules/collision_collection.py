@@ -15,9 +15,9 @@ that an attached dense optimizer keeps for a data-parallel replica's rows reset
 
 Each table's remapper is split into fixed shards (:mod:`ctrctl.modules.collision_shards`).
 Placed over several ranks (:meth:`ManagedCollisionCollection.place`, from the sharding
-plan), each rank keeps the shards whose first row it holds; every step the ranks gather the
-step's keys (``process_group``), each remaps those of its shards, and a sum gives every rank
-its slots. The state depends only on the multiset of a step's keys (not their order) and on
+plan), each rank keeps the shards whose first row it holds; every step each rank sends each
+of its keys to the rank holding the key's shard, which remaps it, and the slot comes back
+(two all-to-alls over ``process_group``: :mod:`ctrctl.modules.collision_exchange`). The state depends only on the multiset of a step's keys (not their order) and on
 the number of shards, never the world size, so a world-2 run and a world-1 run over the same
 global batches agree, and a checkpoint (:meth:`full_state_dict`) reshards on load
 (:meth:`load_full_state_dict`).
@@ -33,12 +33,13 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
 
 from ctrctl.errors import CheckpointError, ConfigError
+from ctrctl.modules.collision_exchange import RoutedKeys
 from ctrctl.modules.collision_shards import ShardedRemapper, shard_owners
 from ctrctl.modules.collisions import CollisionConfig
 from ctrctl.modules.embedding_configs import EmbeddingBagConfig
@@ -53,7 +54,7 @@ class ManagedCollisionCollection(nn.Module):
         tables: every table's config (features, rows, dims and init ranges come from here).
         seed: seed of the re-initialisation of reassigned rows (with the table name and step,
             so every rank draws the same rows); kept in the state dict.
-        process_group: training with several ranks: the group whose keys are gathered.
+        process_group: training with several ranks: the group that exchanges the keys.
 
     The remappers update in training mode (``model.train()``) and only look up in eval mode.
     """
@@ -91,6 +92,10 @@ class ManagedCollisionCollection(nn.Module):
         #: Optimizers that step tables outside the fused kernels (a data-parallel table's
         #: replica is a dense parameter): their state of reassigned rows is reset too.
         self.dense_optimizers: list[torch.optim.Optimizer] = []
+        #: How placed ranks exchange a step's keys: ``all_to_all`` sends each key to its
+        #: shard's rank alone; ``all_gather`` (the former exchange, kept to compare with)
+        #: gathers every rank's keys everywhere and sums the slots. Same slots, same state.
+        self.exchange: Literal["all_to_all", "all_gather"] = "all_to_all"
 
     def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Reset ``optimizer``'s state of reassigned rows as well (a train pipeline attaches
@@ -138,6 +143,9 @@ class ManagedCollisionCollection(nn.Module):
         now = self.now if now is None else now
         values = features.values()
         bounds = features.offset_per_key()
+        if self.placed and self.exchange == "all_to_all" and _world(self.process_group) > 1:
+            new_values = self._remap_routed(features, managed, now, update)
+            return self._finish(features, new_values, tables, update)
         gathered = None
         if update or self.placed:  # placed: a key's shard may be held by another rank
             gathered, now = self._gather(values, features.length_per_key(), now)
@@ -160,14 +168,38 @@ class ManagedCollisionCollection(nn.Module):
                 start = sum(p.numel() for p in gathered[i][:rank])
                 new_values[bounds[i]:bounds[i + 1]] = part[start:start + bounds[i + 1]
                                                            - bounds[i]]
+        return self._finish(features, new_values, tables, update)
+
+    def _finish(self, features: KeyedJaggedTensor, new_values: torch.Tensor,
+                tables: nn.Module | None, update: bool) -> KeyedJaggedTensor:
+        """Count the step, reset reassigned rows, and return ``features`` on ``new_values``."""
         if update:
             self.train_steps += 1
             if tables is not None:
                 self.reset_rows(tables)
         return KeyedJaggedTensor(
-            keys=keys, values=new_values, weights=features.weights_or_none(),
+            keys=features.keys(), values=new_values, weights=features.weights_or_none(),
             lengths=features.lengths(), offsets=features.offsets(), stride=features.stride(),
-            length_per_key=features.length_per_key(), offset_per_key=bounds)
+            length_per_key=features.length_per_key(), offset_per_key=features.offset_per_key())
+
+    def _remap_routed(self, features: KeyedJaggedTensor, managed: list[int],
+                      now: float | None, update: bool) -> torch.Tensor:
+        """``features``' values with the managed keys replaced by slots: each key sent to
+        its shard's rank, remapped there (every shard held here steps, key or not), and its
+        slot sent back."""
+        keys, values = features.keys(), features.values()
+        bounds = features.offset_per_key()
+        own = [values[bounds[i]:bounds[i + 1]] for i in managed]
+        routed = RoutedKeys.exchange(
+            own, [self._remapper(keys[i]).owner_of(k) for i, k in zip(managed, own,
+                                                                       strict=True)],
+            now, self.process_group)
+        slots = [self._remapper(keys[i]).remap(k, routed.now, update)
+                 for i, k in zip(managed, routed.keys, strict=True)]
+        new_values = values.clone()
+        for i, part in zip(managed, routed.reply(slots), strict=True):
+            new_values[bounds[i]:bounds[i + 1]] = part
+        return new_values
 
     def _remapper(self, feature: str) -> ShardedRemapper:
         remapper = self.remappers[self._table_of[feature]]

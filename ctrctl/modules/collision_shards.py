@@ -112,6 +112,11 @@ class ShardedRemapper(nn.Module):
             if owners[s] != rank:
                 del self.shards[str(s)]
 
+    def owner_of(self, keys: torch.Tensor) -> torch.Tensor:
+        """The rank holding each int64 raw key's shard (per :meth:`place`; 0 before)."""
+        owners = torch.tensor(self.owners, dtype=torch.int64, device=keys.device)
+        return owners[shard_of(keys, self.config.shards)]
+
     def local(self) -> list[int]:
         """The shards held here, ascending."""
         return sorted(int(k) for k in self.shards)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -116,3 +116,64 @@ def train_body(rank: int, world_size: int, plan_types: str | Mapping[str, str],
 
 def checkpoint_exists(path: str) -> bool:
     return Path(path, "metadata.json").is_file()
+
+
+# ---- the key exchange: all-to-all against all-gather ---------------------------------------
+#: Per rank, samples of each step's batch (uneven: the ranks send different key counts).
+EXCHANGE_STRIDES = [4, 2, 1, 3]
+
+
+def exchange_tables() -> tuple[list[EmbeddingBagConfig], dict[str, CollisionConfig]]:
+    """Two zch tables (one read by two features; an lru one with a waiting list, a ttl one)
+    and a plain one, small enough that every step admits and evicts."""
+    tables = [EmbeddingBagConfig("user", 13, 4, ["user", "user_last"]),
+              EmbeddingBagConfig("ad", 9, 4, ["ad"]),
+              EmbeddingBagConfig("item", 16, 4, ["item"])]
+    return tables, {"user": CollisionConfig(13, eviction="lru", admit_min_count=2, shards=6),
+                    "ad": CollisionConfig(9, eviction="ttl", ttl_days=1.0, shards=4)}
+
+
+def exchange_batch(step: int, rank: int) -> tuple[KeyedJaggedTensor, float | None]:
+    """Rank ``rank``'s batch of step ``step`` and its data time. Rank 1 never has a
+    ``user_last`` key, rank 2 no data time, and at step 2 rank 2 has no key at all."""
+    gen = torch.Generator().manual_seed(100 * step + rank)
+    stride = EXCHANGE_STRIDES[rank]
+    names, universe = ["user", "user_last", "ad", "item"], [30, 30, 20, 16]
+    lengths = torch.randint(0, 4, (len(names), stride), generator=gen)
+    if rank == 1:
+        lengths[1] = 0
+    if rank == 2 and step == 2:
+        lengths[:] = 0
+    values = []
+    for f, count in enumerate(lengths.sum(1).tolist()):
+        ids = torch.randint(0, universe[f], (count,), generator=gen)
+        values.append(ids if names[f] == "item" else ids * 7919 - 2**40 * (f + 1))
+    now = None if rank == 2 else 10.0 + 0.7 * step + 0.25 * rank
+    return (KeyedJaggedTensor.from_lengths_sync(names, torch.cat(values), lengths.reshape(-1)),
+            now)
+
+
+def exchange_body(rank: int, world_size: int, exchange: str, steps: int) -> dict[str, Any]:
+    """Train a placed collection ``steps`` steps with ``exchange`` (``all_to_all`` or
+    ``all_gather``), then look up once in eval mode. ``user``'s 6 shards go row-wise (the
+    rank holding their first row), ``ad``'s round the ranks (every rank holds every row).
+    Returns the slots of each step, the table weights, the whole remapper state, the
+    statistics and the shards held here."""
+    tables, collisions = exchange_tables()
+    ebc = EmbeddingBagCollection(tables, seed=5)
+    mc = ManagedCollisionCollection(collisions, tables, seed=9, process_group=dist.group.WORLD)
+    mc.exchange = exchange  # type: ignore[assignment]
+    per_rank = -(-13 // world_size)
+    mc.place({"user": [(r, r * per_rank, min(per_rank, 13 - r * per_rank))
+                       for r in range(world_size)],
+              "ad": [(r, 0, 9) for r in range(world_size)]}, rank)
+    mc.train()
+    slots = []
+    for step in range(steps):
+        kjt, now = exchange_batch(step, rank)
+        slots.append(mc(kjt, ebc, now=now).values())
+    mc.eval()
+    slots.append(mc(exchange_batch(steps, rank)[0], ebc).values())
+    return {"slots": slots, "tables": ebc.embedding_bag_weights(),
+            "remapper": mc.full_state_dict(), "stats": mc.stats(),
+            "local": {n: cast(ShardedRemapper, m).local() for n, m in mc.remappers.items()}}
