@@ -4,6 +4,7 @@ plain ranker, a changed file) leaves the old one serving and is counted."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import threading
@@ -159,9 +160,10 @@ def test_alias_moved_to_another_bundle_swaps_both_stages_under_load(
             assert header == body["model"]["version"]
             assert body["model"]["name"] == "rec"
             assert_answers(body, expected[header])
-        status, model = server.get("/v1/model")
-        assert status == 200
-        assert '"version": "2"' in model or '"version":"2"' in model
+        status, text = server.get("/v1/model")
+        model = json.loads(text)["primary"]
+        assert status == 200 and (model["name"], model["version"]) == ("rec", "2")
+        assert model["bundle"] == json.loads((registry.bundles["2"] / "bundle.json").read_text())
         _, metrics = server.get("/metrics")
         assert 'endpoint="recommend",model_version="1",status="200"' in metrics
         assert 'endpoint="recommend",model_version="2",status="200"' in metrics
