@@ -44,7 +44,7 @@ from ctrctl.inference.retrieval import RetrievalModel, load_retrieval
 from ctrctl.io import file_sha256, read_json_file, staged_folder, write_json_atomic
 
 __all__ = ["BUNDLE_FILE", "BUNDLE_KIND", "Bundle", "Recommendation", "is_bundle",
-           "load_bundle", "load_bundle_retrieval", "make_bundle"]
+           "load_bundle", "load_bundle_retrieval", "make_bundle", "verify_bundle"]
 
 logger = logging.getLogger(__name__)
 
@@ -227,6 +227,17 @@ def load_bundle_retrieval(folder: str | Path) -> tuple[dict[str, Any], Retrieval
     Raises:
         CheckpointError: not a bundle, or a file changed since it was made.
     """
+    info = verify_bundle(folder)
+    return info, load_retrieval(Path(folder) / "retrieval")
+
+
+def verify_bundle(folder: str | Path) -> dict[str, Any]:
+    """``bundle.json``, after checking it is a bundle's and names the sha256 of both
+    exports' manifests (each export checks its own files against its manifest when loaded).
+
+    Raises:
+        CheckpointError: not a bundle, or a manifest changed since the bundle was made.
+    """
     folder = Path(folder)
     if not is_bundle(folder):
         raise CheckpointError("not a recommendation bundle (no bundle.json)", where=str(folder),
@@ -242,4 +253,4 @@ def load_bundle_retrieval(folder: str | Path) -> tuple[dict[str, Any], Retrieval
             raise CheckpointError(f"{part}/{MANIFEST} does not match its sha256 in "
                                   f"{BUNDLE_FILE}: the bundle was changed after it was made",
                                   where=str(path), hint="make the bundle again")
-    return info, load_retrieval(folder / "retrieval")
+    return info

@@ -27,9 +27,9 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -46,6 +46,8 @@ from ctrctl.serving.source import ModelSource
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 class ServerState:
     """What the endpoints share: the router (None until loaded), parser, metrics, log."""
@@ -54,7 +56,8 @@ class ServerState:
         self.config = config
         self.metrics = Metrics()
         cache = Path(config.cache_dir) if config.cache_dir else None
-        self.sources = {"primary": ModelSource.parse(config.model, config.tracking_uri, cache)}
+        self.sources = {"primary": ModelSource.parse(config.model, config.tracking_uri, cache,
+                                                     bundle=config.bundle is not None)}
         if config.canary:
             self.sources["canary"] = ModelSource.parse(config.canary, config.tracking_uri,
                                                        cache)
@@ -101,13 +104,22 @@ class ServerState:
                     missing: Mapping[str, int] | None = None) -> tuple[np.ndarray, Slot]:
         """Scores from the slot the request id picks (the new one if it was just swapped);
         ``missing``: :meth:`count_features`' counts, reused by the batcher."""
+
+        async def submit(slot: Slot) -> np.ndarray:
+            return await slot.batcher.submit(columns, n_rows, deadline, context, missing)
+
+        return await self.on_slot(request_id, submit)
+
+    async def on_slot(self, request_id: str, work: Callable[[Slot], Awaitable[T]]
+                      ) -> tuple[T, Slot]:
+        """``work`` on the slot the request id picks; on the new slot, from the start,
+        when that one was swapped out before its batcher took the request."""
         if self.router is None:
             raise Overloaded("not_ready", 1.0)
         for _ in range(3):
             slot = self.router.pick(request_id)
             try:
-                return (await slot.batcher.submit(columns, n_rows, deadline, context, missing),
-                        slot)
+                return await work(slot), slot
             except Retired:
                 continue
         raise Overloaded("deadline", 1.0)
@@ -281,6 +293,8 @@ def create_app(config: ServeConfig) -> FastAPI:
                                      "quantization": manifest.get("quantization")},
                          "input": {"columns": model_api.input_columns(slot.model),
                                    "contract": slot.model.contract}}
+            if slot.bundle is not None:
+                out[role]["bundle"] = slot.bundle.info
         out["canary_percent"] = state.router.canary_percent
         return JSONResponse(out)
 

@@ -36,8 +36,9 @@ class ServeConfig:
         threads: torch threads per worker (None: cores / workers - 1, at least 1).
         verify_key: a key file: every model served must carry a signature made with it
             (``ctrctl quantize --sign``); None: no signature needed.
-        bundle: a recommendation bundle whose ranker is ``model``: adds POST /v1/recommend
-            (:mod:`ctrctl.serving.recommend`).
+        bundle: ``model`` again when it names a recommendation bundle (a folder or a
+            registered bundle): its ranker is served and POST /v1/recommend added
+            (:mod:`ctrctl.serving.recommend`); None: ``model`` is an export.
     """
 
     model: str

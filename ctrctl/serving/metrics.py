@@ -21,6 +21,8 @@ Names::
     ctrctl_zch_occupancy{feature,model_version}                     gauge (share of rows owned)
     ctrctl_log_rows_total / ctrctl_log_dropped_total                counters
     ctrctl_model_info{role,model_version}                           gauge (1 = serving)
+    ctrctl_reload_failures_total{role}                              counter (a new version
+                                                                    that failed to load)
 """
 
 from __future__ import annotations
@@ -124,6 +126,10 @@ class Metrics:
         self.model_info = Gauge("ctrctl_model_info", "Model versions serving (1) by role.",
                                 ["role", "model_version"], registry=r,
                                 multiprocess_mode="liveall")
+        self.reload_failures = Counter("ctrctl_reload_failures", "Hot reloads that failed "
+                                       "(the alias unresolvable, or its new version failed "
+                                       "to load); the old version kept serving.", ["role"],
+                                       registry=r)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

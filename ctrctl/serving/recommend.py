@@ -21,7 +21,10 @@ tower's features is a 422 naming the field; ``candidates`` above
 
 MODEL may be a bundle folder or a registered bundle (``models:/NAME/VERSION`` or
 ``@ALIAS``, tagged ``ctrctl.kind: recommend_bundle``): a registered one is downloaded once
-into the cache and served at the version it named at start.
+into the cache. The serving slot holds both stages (:mod:`ctrctl.serving.models`), so an
+alias that moves to another bundle version is hot-reloaded as a ranker is: both stages
+loaded and checked beside the serving ones, then swapped in together; a request runs the
+retrieval and the ranker of one version, the one its answer names.
 
 Example:
     >>> model, bundle = resolve_bundle("bundle")          # ("bundle/ranker", "bundle")
@@ -31,10 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import shutil
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -44,21 +44,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ctrctl.errors import ConfigError, TrackingError
-from ctrctl.inference.bundle import (
-    BUNDLE_FILE,
-    BUNDLE_KIND,
-    Bundle,
-    is_bundle,
-    load_bundle_retrieval,
-    top_k,
-)
+from ctrctl.errors import ConfigError, CtrctlError
+from ctrctl.inference.bundle import BUNDLE_KIND, Bundle, is_bundle, top_k
 from ctrctl.serving import model_api
 from ctrctl.serving.batcher import Overloaded
 from ctrctl.serving.requests import EXPECTED_VALUE, ClientError, Value
+from ctrctl.serving.source import ModelSource
 
 if TYPE_CHECKING:
     from ctrctl.serving.app import ServerState
+    from ctrctl.serving.models import Slot
 
 __all__ = ["RecommendRequest", "install", "resolve_bundle"]
 
@@ -78,64 +73,34 @@ def resolve_bundle(model: str, tracking_uri: str | None = None,
                    cache_dir: str | None = None) -> tuple[str, str | None]:
     """(the ranker to serve, the bundle folder) for MODEL; (MODEL, None) when it is not a
     bundle. A registered bundle is downloaded into ``cache_dir`` first."""
-    if not model.startswith("models:/"):
+    if not is_registered_bundle(model, tracking_uri):
         return (str(Path(model) / "ranker"), model) if is_bundle(model) else (model, None)
-    match = _REGISTRY.match(model)
-    if match is None:
-        return model, None
-    from mlflow.tracking import MlflowClient
+    cache = Path(cache_dir) if cache_dir else None
+    resolved = ModelSource.parse(model, tracking_uri, cache, bundle=True).resolve()
+    return str(resolved.folder), str(resolved.bundle)
 
-    client = MlflowClient(tracking_uri=tracking_uri)
-    name = match["name"]
+
+def is_registered_bundle(model: str, tracking_uri: str | None) -> bool:
+    """Whether MODEL is a ``models:/`` URI whose version (now) is tagged as a bundle."""
+    if not _REGISTRY.match(model):
+        return False
     try:
-        entry = (client.get_model_version_by_alias(name, match["alias"]) if match["alias"]
-                 else client.get_model_version(name, match["version"]))
-    except Exception:  # the ranker's own loader names what is wrong with the URI
-        return model, None
-    if (entry.tags or {}).get("ctrctl.kind") != BUNDLE_KIND:
-        return model, None
-    folder = _download(name, str(entry.version), str(entry.run_id), tracking_uri, cache_dir)
-    return str(folder / "ranker"), str(folder)
-
-
-def _download(name: str, version: str, run_id: str, tracking_uri: str | None,
-              cache_dir: str | None) -> Path:
-    import mlflow.artifacts
-
-    base = Path(cache_dir) if cache_dir else (
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ctrctl" / "models")
-    final = base / f"{name}-bundle" / version
-    if is_bundle(final):
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=final.parent))
-    try:
-        # the run's "model" (a bundle is registered from runs:/RUN/model): a runs:/ URI
-        # resolves through the tracking URI given here, a models:/ one through the global one
-        mlflow.artifacts.download_artifacts(artifact_uri=f"runs:/{run_id}/model",
-                                            dst_path=str(stage), tracking_uri=tracking_uri)
-        found = [p.parent for p in stage.rglob(BUNDLE_FILE)]
-        if not found:
-            raise TrackingError(f"version {version} of {name} holds no {BUNDLE_FILE}",
-                                where=f"models:/{name}/{version}")
-        try:
-            os.replace(found[0], final)
-        except OSError:  # another worker got there first
-            if not is_bundle(final):
-                raise
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    return final
+        return ModelSource(model, tracking_uri).registered_kind() == BUNDLE_KIND
+    except CtrctlError:  # the ranker's own loader names what is wrong with the URI
+        return False
 
 
 def install(app: FastAPI, state: ServerState) -> None:
     """Add ``POST /v1/recommend`` to ``app`` when the server's config names a bundle."""
-    folder = getattr(state.config, "bundle", None)
-    if not folder:
+    if not getattr(state.config, "bundle", None):
         return
-    info, retrieval = load_bundle_retrieval(folder)
-    bundle = Bundle(Path(folder), info, retrieval, None)
-    known = set(bundle.query_columns) | set(bundle.context_columns)
+
+    def stages(slot: Slot) -> Bundle:
+        """The slot's retrieval stage (a canary of a plain ranker: the primary's)."""
+        assert state.router is not None
+        bundle = slot.bundle or state.router.slots["primary"].bundle
+        assert bundle is not None, "a bundle server's primary slot holds a bundle"
+        return bundle
 
     @app.post("/v1/recommend")
     async def recommend(request: Request) -> Response:
@@ -145,25 +110,30 @@ def install(app: FastAPI, state: ServerState) -> None:
         try:
             if state.router is None:
                 raise Overloaded("not_ready", 1.0)
-            body = _parse(await request.body(), state.config.max_rows_per_request, known,
-                          bundle.query_columns)
+            body = _parse(await request.body(), state.config.max_rows_per_request)
             deadline = time.monotonic() + state.config.timeout_ms / 1000.0
-            try:
-                items, cosines = bundle.retrieve(body.query, body.candidates)
-            except model_api.InputError as exc:
-                raise _value_error(exc) from None
-            except ValueError as exc:  # the query tower's encoder (EncodeError)
-                raise _value_error(exc) from None
-            columns, context = bundle.ranker_columns(body.query, items)
-            try:
-                scores, slot = await state.score(request_id, columns, len(items), deadline,
-                                                 context)
-            except model_api.InputError as exc:
-                raise _value_error(exc) from None
+
+            async def answer(slot: Slot) -> dict[str, Any]:
+                # one version's retrieval and ranker: a slot swapped out before its batcher
+                # took the request is left for the new one, from the retrieval on
+                bundle = stages(slot)
+                _check_query(body, bundle)
+                try:
+                    items, cosines = bundle.retrieve(body.query, body.candidates)
+                except model_api.InputError as exc:
+                    raise _value_error(exc) from None
+                except ValueError as exc:  # the query tower's encoder (EncodeError)
+                    raise _value_error(exc) from None
+                columns, context = bundle.ranker_columns(body.query, items)
+                try:
+                    scores = await slot.batcher.submit(columns, len(items), deadline, context)
+                except model_api.InputError as exc:
+                    raise _value_error(exc) from None
+                return top_k(items, scores, cosines, body.k).to_dict()
+
+            ranked, slot = await state.on_slot(request_id, answer)
             version = slot.version
-            answer = top_k(items, scores, cosines, body.k)
-            payload = {**answer.to_dict(), "model": slot.resolved.info(),
-                       "request_id": request_id}
+            payload = {**ranked, "model": slot.resolved.info(), "request_id": request_id}
             response: Response = Response(json.dumps(payload).encode(),
                                           media_type="application/json",
                                           headers={"X-Request-Id": request_id,
@@ -183,8 +153,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         return response
 
 
-def _parse(body: bytes, max_candidates: int, known: set[str],
-           query_columns: list[str]) -> RecommendRequest:
+def _parse(body: bytes, max_candidates: int) -> RecommendRequest:
     try:
         request = RecommendRequest.model_validate_json(body)
     except ValidationError as exc:
@@ -211,15 +180,22 @@ def _parse(body: bytes, max_candidates: int, known: set[str],
         raise ClientError(422, "k_above_candidates", f"k {request.k} is more than the "
                           f"{request.candidates} candidates ranked", field="k",
                           expected=f"k <= candidates ({request.candidates})")
+    return request
+
+
+def _check_query(request: RecommendRequest, bundle: Bundle) -> None:
+    """Refuse a query feature neither stage of ``bundle`` reads, or a query without any of
+    the query tower's."""
+    known = set(bundle.query_columns) | set(bundle.context_columns)
     unknown = sorted(set(request.query) - known)
     if unknown:
         raise ClientError(422, "unknown_feature", f"query feature {unknown[0]!r} is not an "
                           "input of the query tower or the ranker's context",
                           field=f"query.{unknown[0]}", expected=f"one of {sorted(known)}")
-    if not set(request.query) & set(query_columns):
+    if not set(request.query) & set(bundle.query_columns):
         raise ClientError(422, "no_query_feature", "the query has none of the query tower's "
-                          "features", field="query", expected=f"one of {query_columns}")
-    return request
+                          "features", field="query",
+                          expected=f"one of {bundle.query_columns}")
 
 
 def _value_error(exc: Exception) -> ClientError:
@@ -238,7 +214,11 @@ def check_bundle(model: str) -> None:
 
 def recommend_config(model: str, tracking_uri: str | None, cache_dir: str | None
                      ) -> dict[str, Any]:
-    """The ``ServeConfig`` fields of MODEL: ``model`` (what the slots load) and ``bundle``."""
+    """The ``ServeConfig`` fields of MODEL: ``model`` and ``bundle`` (MODEL again when it
+    names a bundle folder or a registered bundle, else None). ``cache_dir`` is unused:
+    the server downloads a registered bundle when it resolves it."""
+    del cache_dir
     check_bundle(model)
-    ranker, bundle = resolve_bundle(model, tracking_uri, cache_dir)
-    return {"model": ranker, "bundle": bundle}
+    bundled = is_bundle(model) if not _REGISTRY.match(model) else is_registered_bundle(
+        model, tracking_uri)
+    return {"model": model, "bundle": model if bundled else None}

@@ -49,7 +49,8 @@ def check_models(config: ServeConfig) -> list[str]:
     for role, uri in (("primary", config.model), ("canary", config.canary)):
         if uri is None:
             continue
-        resolved = ModelSource.parse(uri, config.tracking_uri, cache).resolve()
+        bundle = role == "primary" and config.bundle is not None
+        resolved = ModelSource.parse(uri, config.tracking_uri, cache, bundle=bundle).resolve()
         if config.verify_key is not None:
             standalone.verify(str(resolved.folder),
                               verify_key=signing_key(config.verify_key))

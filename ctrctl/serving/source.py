@@ -5,6 +5,12 @@ artifact's pyfunc model (``ctrctl run`` registers one); its ``artifacts/export``
 downloaded once into a local cache (``<cache>/<name>/<version>``, staged then renamed) and
 its files checked against the manifest's sha256 before it is used, each time it is used.
 
+A source of ``bundle=True`` names a recommendation bundle (:mod:`ctrctl.inference.bundle`):
+a bundle folder, or a registered version tagged ``ctrctl.kind: recommend_bundle`` whose
+run's ``model`` folder is downloaded the same way. Its :class:`Resolved` folder is the
+bundle's ranker and ``bundle`` the bundle, checked against ``bundle.json``; a version of
+another kind is refused (an alias moved to a plain ranker).
+
 Example:
     >>> source = ModelSource.parse("models:/ctr@champion")
     >>> resolved = source.resolve()                  # Resolved(version="7", folder=...)
@@ -23,6 +29,7 @@ from typing import Any
 
 from ctrctl.errors import ConfigError, TrackingError
 from ctrctl.inference import standalone
+from ctrctl.inference.bundle import BUNDLE_FILE, BUNDLE_KIND, is_bundle, verify_bundle
 
 _REGISTRY = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
 
@@ -34,13 +41,15 @@ def default_cache() -> Path:
 
 @dataclass(frozen=True)
 class Resolved:
-    """A model ready to load: its folder (verified), name, version and lineage tags."""
+    """A model ready to load: its folder (verified), name, version and lineage tags;
+    ``bundle``: the recommendation bundle the folder is the ranker of (None: an export)."""
 
     uri: str
     name: str
     version: str
     folder: Path
     tags: dict[str, str] = field(default_factory=dict)
+    bundle: Path | None = None
 
     def info(self) -> dict[str, str]:
         return {"name": self.name, "version": self.version, "uri": self.uri}
@@ -54,15 +63,17 @@ class ModelSource:
         uri: an export folder, ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``.
         tracking_uri: the MLflow store of the registry (MLflow's default when None).
         cache: where registry models are downloaded.
+        bundle: the URI names a recommendation bundle (see the module docstring).
     """
 
     uri: str
     tracking_uri: str | None = None
     cache: Path = field(default_factory=default_cache)
+    bundle: bool = False
 
     @classmethod
     def parse(cls, uri: str, tracking_uri: str | None = None,
-              cache: Path | None = None) -> ModelSource:
+              cache: Path | None = None, bundle: bool = False) -> ModelSource:
         if uri.startswith("models:/") and not _REGISTRY.match(uri):
             raise ConfigError(f"model URI {uri!r} is not models:/NAME@ALIAS or "
                               "models:/NAME/VERSION", where="MODEL")
@@ -70,7 +81,7 @@ class ModelSource:
             raise ConfigError(f"{uri}: no such export folder", where="MODEL",
                               hint="pass the folder `ctrctl quantize --out` wrote, or a "
                                    "models:/ URI")
-        return cls(uri, tracking_uri, cache or default_cache())
+        return cls(uri, tracking_uri, cache or default_cache(), bundle)
 
     @property
     def is_alias(self) -> bool:
@@ -86,7 +97,8 @@ class ModelSource:
         """The version the URI names now (an alias moves; a folder's is its manifest hash)."""
         match = _REGISTRY.match(self.uri)
         if match is None:
-            digest = standalone.sha256_file(str(Path(self.uri) / standalone.MANIFEST))
+            named = BUNDLE_FILE if self.bundle else standalone.MANIFEST
+            digest = standalone.sha256_file(str(Path(self.uri) / named))
             return f"local-{digest[:12]}"
         if match["version"]:
             return str(match["version"])
@@ -102,20 +114,83 @@ class ModelSource:
         match = _REGISTRY.match(self.uri)
         if match is None:
             folder = Path(self.uri)
+            if self.bundle:
+                return self._bundle(folder, folder.resolve().name, version, {})
             standalone.verify(str(folder))
             return Resolved(self.uri, folder.resolve().name, version or self.current_version(),
                             folder)
         name = match["name"]
         version = version or self.current_version()
-        client = self._client()
+        entry = self._entry(name, version)
+        tags = dict(entry.tags or {})
+        if self.bundle:
+            if tags.get("ctrctl.kind") != BUNDLE_KIND:
+                raise ConfigError(f"version {version} of {name} is not a recommendation "
+                                  f"bundle (tag ctrctl.kind is {tags.get('ctrctl.kind')!r})",
+                                  where=self.uri, hint="point the alias at a version "
+                                  "registered by ctrctl quantize --index --ranker --register-as")
+            folder = self._download_bundle(name, version, str(entry.run_id))
+            return self._bundle(folder, name, version, tags)
+        folder = self._download(name, version)
+        standalone.verify(str(folder))
+        return Resolved(self.uri, name, version, folder, tags)
+
+    def registered_kind(self) -> str | None:
+        """The ``ctrctl.kind`` tag of the version a registry URI names now (None: a
+        folder, or no such tag)."""
+        match = _REGISTRY.match(self.uri)
+        if match is None:
+            return None
+        return (self._entry(match["name"], self.current_version()).tags or {}).get(
+            "ctrctl.kind")
+
+    def _entry(self, name: str, version: str) -> Any:
         try:
-            entry = client.get_model_version(name, version)
+            return self._client().get_model_version(name, version)
         except Exception as exc:
             raise TrackingError(f"cannot read version {version} of {name}: {exc}",
                                 where=self.uri) from None
-        folder = self._download(name, version)
-        standalone.verify(str(folder))
-        return Resolved(self.uri, name, version, folder, dict(entry.tags or {}))
+
+    def _bundle(self, folder: Path, name: str, version: str | None, tags: dict[str, str]
+                ) -> Resolved:
+        """A bundle folder checked (``bundle.json`` against both manifests, the ranker's
+        files against its manifest; the retrieval export checks its own when loaded)."""
+        verify_bundle(folder)
+        standalone.verify(str(folder / "ranker"))
+        return Resolved(self.uri, name, version or self.current_version(), folder / "ranker",
+                        tags, folder)
+
+    def _download_bundle(self, name: str, version: str, run_id: str) -> Path:
+        """The bundle of a registered version in the cache (downloaded once, staged)."""
+        safe = hashlib.sha256(f"{self.tracking_uri}|{name}".encode()).hexdigest()[:8]
+        final = self.cache / f"{name}-{safe}-bundle" / version
+        if is_bundle(final):
+            return final
+        import mlflow.artifacts
+
+        final.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=final.parent))
+        try:
+            # the run's "model" (a bundle is registered from runs:/RUN/model): a runs:/ URI
+            # resolves through the tracking URI given here, a models:/ one through the
+            # global one
+            mlflow.artifacts.download_artifacts(artifact_uri=f"runs:/{run_id}/model",
+                                                dst_path=str(stage),
+                                                tracking_uri=self.tracking_uri)
+            found = [p.parent for p in stage.rglob(BUNDLE_FILE)]
+            if not found:
+                raise ConfigError(f"version {version} of {name} holds no {BUNDLE_FILE}",
+                                  where=self.uri, hint="register a bundle made by ctrctl "
+                                  "quantize --index --ranker")
+            verify_bundle(found[0])
+            try:
+                os.replace(found[0], final)
+            except OSError:  # another worker got there first
+                if not is_bundle(final):
+                    raise
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+        return final
 
     def _download(self, name: str, version: str) -> Path:
         safe = hashlib.sha256(f"{self.tracking_uri}|{name}".encode()).hexdigest()[:8]
