@@ -191,9 +191,9 @@ def sweep_server(command: list[str], ready: str, url: str, requests: Any, rates:
               for b in sorted({p99_ms, 10.0, 50.0})}
     return {"command": " ".join(command), "exit_code": code,
             "points": [p.to_dict() for p in points], "p99_bound_ms": p99_ms,
-            # ctrctl serve's first process's own CPU time per request (with --workers 1, the
-            # whole server; mlflow's first process is a launcher, so none for it)
-            "server_cpu_ms_per_request": cpu_ms if protocol == "ctrctl" else None,
+            # the server's CPU time per answered request: every process of its tree (the
+            # workers of ctrctl serve --workers N, mlflow's launcher and its server)
+            "server_cpu_ms_per_request": cpu_ms,
             "highest_rate": best.offered_qps if best else None,
             "highest_rate_by_p99_ms": bounds}
 
@@ -308,10 +308,33 @@ def worker_memory(export: Path, env: dict[str, str], workers: int = 2) -> dict[s
                 w["table_pages"]["private"] / max(table_bytes, 1) for w in found]}
 
 
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (a server's workers, mlflow's launcher's server)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                todo += [int(child) for child in task.read_text().split()]
+            except OSError:  # the task ended while we looked
+                continue
+    return found
+
+
 def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (its threads, not its children)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds so far of process ``pid`` and its live descendants (their
+    threads, and their children that ended, included): a server's whole CPU time, whatever
+    its number of worker processes."""
+    total = 0
+    for member in _process_tree(pid):
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited between the listing and the read
+            continue
+        # utime + stime, and cutime + cstime: children that ended and were waited for
+        total += sum(int(value) for value in fields[11:15])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _rss(pid: int) -> int:
