@@ -74,7 +74,8 @@ def _raise_validation(exc: ValidationError, where: str, text: str | None) -> Non
     key = ".".join(str(p) for p in loc) or "(top level)"
     if first["type"] == "extra_forbidden":
         message = f"unknown key {key!r}"
-        hint = "check the spelling; the keys are documented in ctrctl/config/sections.py"
+        hint = ("check the spelling; the keys are documented in ctrctl/config/sections.py "
+                "(model: in model_section.py)")
     else:
         message = f"{key}: {first['msg']}"
         hint = None

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from ctrctl.config.base import Section
 
 __all__ = ["PromoteConfig", "ScheduleConfig", "ScheduleSynthConfig"]
 
@@ -22,12 +24,7 @@ __all__ = ["PromoteConfig", "ScheduleConfig", "ScheduleSynthConfig"]
 ARMS = ("full_retrain", "frozen")
 
 
-class _Section(BaseModel):
-    # as in ctrctl.config.sections (imported from there, this module would import in a circle)
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PromoteConfig(_Section):
+class PromoteConfig(Section):
     """How each day's registered version is promoted.
 
     Attributes:
@@ -44,7 +41,7 @@ class PromoteConfig(_Section):
     gates: dict[str, float | str] = Field(default_factory=dict)
 
 
-class ScheduleSynthConfig(_Section):
+class ScheduleSynthConfig(Section):
     """Synthetic days (``ctrctl synth --days``) as the schedule's input.
 
     Attributes:
@@ -64,7 +61,7 @@ class ScheduleSynthConfig(_Section):
     seed: int = 0
 
 
-class ScheduleConfig(_Section):
+class ScheduleConfig(Section):
     """Day-by-day training (``ctrctl run`` with a schedule).
 
     Attributes:

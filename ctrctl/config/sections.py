@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 import warnings
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from ctrctl.config.base import PathName, Section
+from ctrctl.config.model_section import ModelConfig
 from ctrctl.config.schedule import ScheduleConfig
-from ctrctl.io import path_name_problem
 from ctrctl.names import ComputeKernel, ShardingType
 
 __all__ = [
@@ -34,125 +35,8 @@ __all__ = [
 ]
 
 
-
-def _path_name(value: str) -> str:
-    problem = path_name_problem(value)
-    if problem:
-        raise ValueError(f"the name {value!r:.80} {problem}")
-    return value
-
-
-#: A name that becomes a file or folder name (a table, split, model or pipeline name).
-PathName = Annotated[str, AfterValidator(_path_name)]
-
-class _Section(BaseModel):
-    """Base of every section: unknown keys are errors, and a validated config is frozen."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-# ---- model -------------------------------------------------------------------------------
-class TowerConfig(_Section):
-    """One tower of a two-tower model: an EBC over its features, then an MLP.
-
-    Attributes:
-        layers: the MLP's widths; the last is the output (L2-normalised) width, the same in
-            both towers.
-    """
-
-    layers: tuple[int, ...] = (64, 32)
-
-    @model_validator(mode="after")
-    def _check(self) -> TowerConfig:
-        if not self.layers or any(size <= 0 for size in self.layers):
-            raise ValueError("a tower's layers must be a non-empty list of positive sizes")
-        return self
-
-
-class SoftmaxConfig(_Section):
-    """The two-tower loss: a sampled softmax over in-batch negatives.
-
-    Attributes:
-        temperature: divides the cosine scores.
-        logq: lower each candidate's score by the log of its streaming popularity estimate.
-        popularity_alpha: weight of a new interval in the popularity estimate.
-        uniform_negatives: item ids drawn uniformly per step beside the in-batch ones
-            (mixed negatives; the item tower must hold the item id alone).
-    """
-
-    temperature: float = Field(default=0.05, gt=0)
-    logq: bool = True
-    popularity_alpha: float = Field(default=0.01, gt=0, le=1)
-    uniform_negatives: int = Field(default=0, ge=0)
-
-
-class ModelConfig(_Section):
-    """The DLRM: bottom (dense) MLP, embedding tables, interaction, top (over) MLP.
-
-    Attributes:
-        embedding_dim: width of every embedding table; the dense arch ends at this width so
-            the dense vector can interact with the embeddings.
-        dense_arch: layer sizes of the bottom MLP over the dense features. A dataset without
-            dense features (Avazu) has no bottom MLP and ignores it; ``[]`` says so.
-        over_arch: layer sizes of the top MLP; the last is 1 (the logit).
-        interaction: ``dot`` (pairwise dot products, DLRM) or ``dcn`` (DCNv2 cross layers).
-        dcn_layers: number of cross layers when ``interaction: dcn``.
-        dcn_rank: low-rank width of each cross layer's weight (0: full rank).
-        cached_tables: table (= sparse feature) name -> cache load factor, for tables kept
-            in a sparse file on disk with that share of their rows cached in DRAM (the
-            ``fused_cached`` kernel, one process on CPU); ``"*"`` names every other table.
-        cache_dir: where cached tables' files go (default: the system's temporary folder).
-        first_order: without dense features, a learned vector stands in the dot
-            interaction where the dense vector would be, so each embedding has a first-order
-            term too (its dot with that vector), as dense models get from the dense vector;
-            false: the embeddings' pairwise dots only (checkpoints from before this setting).
-        dropout: the share of each hidden layer's outputs (both MLPs) zeroed at random in
-            training (0: none); no effect in evaluation, export or serving.
-        kind: ``dlrm`` (the ranker) or ``two_tower`` (retrieval: the schema's ``role:
-            query`` features feed ``query_tower``, ``item``/``item_id`` ones ``item_tower``;
-            dense_arch, over_arch and interaction are not used).
-        query_tower, item_tower: see :class:`TowerConfig`.
-        softmax: the two-tower loss, see :class:`SoftmaxConfig`.
-    """
-
-    kind: Literal["dlrm", "two_tower"] = "dlrm"
-    query_tower: TowerConfig = TowerConfig()
-    item_tower: TowerConfig = TowerConfig()
-    softmax: SoftmaxConfig = SoftmaxConfig()
-    embedding_dim: int = Field(default=16, gt=0)
-    dense_arch: tuple[int, ...] = (64, 16)
-    over_arch: tuple[int, ...] = (64, 32, 1)
-    interaction: Literal["dot", "dcn"] = "dot"
-    dcn_layers: int = Field(default=2, ge=1)
-    dcn_rank: int = Field(default=16, ge=0)
-    cached_tables: dict[PathName, float] = Field(default_factory=dict)
-    cache_dir: str | None = None
-    first_order: bool = True
-    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-
-    @model_validator(mode="after")
-    def _check_shapes(self) -> ModelConfig:
-        bad = {k: v for k, v in self.cached_tables.items() if not 0 < v <= 1}
-        if bad:
-            raise ValueError(f"cached_tables load factors must be in (0, 1], got {bad}")
-        if self.kind == "two_tower":  # the DLRM's arches are not used
-            if self.query_tower.layers[-1] != self.item_tower.layers[-1]:
-                raise ValueError("query_tower and item_tower must end at the same width")
-            return self
-        if any(size <= 0 for size in self.dense_arch):
-            raise ValueError("dense_arch must be a list of positive sizes")
-        if self.dense_arch and self.dense_arch[-1] != self.embedding_dim:
-            raise ValueError(
-                f"dense_arch must end at embedding_dim ({self.embedding_dim}) so the dense "
-                f"vector can interact with the embeddings, but ends at {self.dense_arch[-1]}"
-            )
-        if not self.over_arch or self.over_arch[-1] != 1:
-            raise ValueError("over_arch must end with 1 (the logit)")
-        return self
-
-
 # ---- optimizers --------------------------------------------------------------------------
-class EmbeddingOptimizerSection(_Section):
+class EmbeddingOptimizerSection(Section):
     """The ``embedding_optimizer:`` section of a pipeline YAML: the fused optimizer as a user
     writes it.
 
@@ -174,7 +58,7 @@ class EmbeddingOptimizerSection(_Section):
     weight_decay: float = Field(default=0.0, ge=0)
 
 
-class DenseOptimizerConfig(_Section):
+class DenseOptimizerConfig(Section):
     """The optimizer of the MLPs and interaction layers (a torch.optim optimizer).
 
     Attributes:
@@ -193,7 +77,7 @@ class DenseOptimizerConfig(_Section):
 
 
 # ---- training ----------------------------------------------------------------------------
-class EarlyStoppingConfig(_Section):
+class EarlyStoppingConfig(Section):
     """Stop when the validation metric stops improving, and end with the best weights.
 
     On whenever the dataset has the validation split (``training.val_split``) and
@@ -226,7 +110,7 @@ class EarlyStoppingConfig(_Section):
         return "min" if self.metric == "logloss" else "max"
 
 
-class TrainingConfig(_Section):
+class TrainingConfig(Section):
     """The train loop.
 
     Sizes left at ``null`` follow from the training split's row count (see
@@ -313,7 +197,7 @@ class TrainingConfig(_Section):
 
 
 # ---- sections of the other steps -----------------------------------------------------------
-class PreprocessConfig(_Section):
+class PreprocessConfig(Section):
     """What a pipeline says about its dataset.
 
     Attributes:
@@ -324,7 +208,7 @@ class PreprocessConfig(_Section):
     out: str | None = None
 
 
-class TableConstraintConfig(_Section):
+class TableConstraintConfig(Section):
     """What the planner may do with one table (every key optional; absent: no limit).
 
     Attributes:
@@ -362,7 +246,7 @@ class TableConstraintConfig(_Section):
         return self.model_dump(mode="json", exclude_none=True)
 
 
-class PlanConfig(_Section):
+class PlanConfig(Section):
     """``ctrctl plan`` settings a pipeline can carry.
 
     Attributes:
@@ -382,7 +266,7 @@ class PlanConfig(_Section):
     constraints: dict[str, TableConstraintConfig] = dict()
 
 
-class EvalConfig(_Section):
+class EvalConfig(Section):
     """``ctrctl eval`` / validation settings a pipeline can carry.
 
     Attributes:
@@ -403,7 +287,7 @@ class EvalConfig(_Section):
 DEFAULT_VAL_FRACTION = 0.1
 
 
-class DataConfig(_Section):
+class DataConfig(Section):
     """The raw logs a pipeline starts from and how they are read (``ctrctl run``).
 
     Attributes:
@@ -431,7 +315,7 @@ class DataConfig(_Section):
     reuse_transforms: str | None = None
 
 
-class SynthConfig(_Section):
+class SynthConfig(Section):
     """The optional first step of ``ctrctl run``: synthetic raw logs (demos, CI).
 
     Attributes:
@@ -446,7 +330,7 @@ class SynthConfig(_Section):
     seed: int = 0
 
 
-class QuantizeStepConfig(_Section):
+class QuantizeStepConfig(Section):
     """``ctrctl quantize`` settings a pipeline can carry.
 
     Attributes:
@@ -469,7 +353,7 @@ class QuantizeStepConfig(_Section):
     request_size: int | None = Field(default=None, ge=1)
 
 
-class IndexStepConfig(_Section):
+class IndexStepConfig(Section):
     """The item index ``ctrctl run`` builds for a two-tower model (``ctrctl index``).
 
     Attributes:
@@ -485,7 +369,7 @@ class IndexStepConfig(_Section):
     k: int = Field(default=100, ge=1)
 
 
-class RegisterConfig(_Section):
+class RegisterConfig(Section):
     """Where ``ctrctl run`` registers the quantized model.
 
     Attributes:
@@ -506,7 +390,7 @@ class RegisterConfig(_Section):
     min_gain: float = Field(default=0.0, ge=0.0)
 
 
-class TuneStepConfig(_Section):
+class TuneStepConfig(Section):
     """The optional tune step of ``ctrctl run``: a search before training (``ctrctl tune``).
 
     With ``trials`` above 0 the run searches on the val split (into ``WORKDIR/tune``) and
@@ -535,7 +419,7 @@ class TuneStepConfig(_Section):
     holdouts: int = Field(default=2, ge=0)
 
 
-class RunnerConfig(_Section):
+class RunnerConfig(Section):
     """How ``ctrctl run`` executes the steps.
 
     Attributes:
@@ -558,7 +442,7 @@ class RunnerConfig(_Section):
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message='Field name "register"', category=UserWarning)
 
-    class PipelineConfig(_Section):
+    class PipelineConfig(Section):
         """One pipeline YAML: every section optional, defaults where absent.
 
         Attributes:

@@ -104,11 +104,12 @@ def dense_model_bytes(cfg: Any, num_dense: int, num_tables: int, batch_per_rank:
     """
     model = cfg.model
     dim = model.embedding_dim
+    interaction = model.resolved_interaction(num_dense, num_tables)
     # Without dense features there is no bottom MLP; the dot interaction may have the
     # learned vector in the dense vector's place (DLRM's first_order).
-    anchored = bool(num_dense) or (model.interaction == "dot" and model.first_order)
+    anchored = bool(num_dense) or (interaction == "dot" and model.first_order)
     vectors = num_tables + 1 if anchored else num_tables
-    if model.interaction == "dot":
+    if interaction == "dot":
         top_in = vectors * (vectors - 1) // 2 + (dim if anchored else 0)
     else:
         top_in = vectors * dim

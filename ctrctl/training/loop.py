@@ -86,6 +86,9 @@ class _Trainer:
         self.rank, self.world_size = world()
         self.device = resolve_device(self.t.device)
         self.manifest = DatasetManifest.load(dataset)
+        #: ``model.interaction`` for this dataset (``auto`` resolved)
+        self.interaction = config.model.resolved_interaction(len(self.manifest.dense),
+                                                             len(self.manifest.sparse))
         self.plan = plan
         self.stop_after, self.on_validation = stop_after, on_validation
 
@@ -158,6 +161,10 @@ class _Trainer:
         line += f"; pipeline {self.pipeline_name}"
         if self.t.pipeline == "auto":
             line += " (auto)"
+        if self.config.model.kind == "dlrm":
+            line += f"; interaction {self.interaction}"
+            if self.config.model.interaction == "auto":
+                line += " (auto)"
         if self.early is not None:
             e = self.early
             line += (f"; early stopping on {self.t.val_split}.{e.metric} ({e.mode}, patience "
@@ -546,7 +553,8 @@ def train(
                 logger.warning(
                     "this run takes only %d optimizer steps: the model will barely train; "
                     "lower training.batch_size or raise training.epochs", trainer.total_steps)
-            run.log_params({f"resolved.{k}": v for k, v in trainer.summary()["sizes"].items()})
+            run.log_params({f"resolved.{k}": v for k, v in trainer.summary()["sizes"].items()}
+                           | {"resolved.interaction": trainer.interaction})
         rate = trainer.fit()
         finished = trainer.stop_reason is not None
         path = trainer.finish() if finished else trainer.save()

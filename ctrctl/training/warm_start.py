@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ctrctl import checkpoint as ckpt
-from ctrctl.config import PipelineConfig, flat_keys
+from ctrctl.config import PipelineConfig, as_saved_before, flat_keys, parse_config
 from ctrctl.data.manifest import DatasetManifest
 from ctrctl.distributed import checkpoint as dist_ckpt
 from ctrctl.errors import CheckpointError, ConfigError, TrackingError
@@ -150,12 +150,17 @@ def check_compatible(meta: ckpt.CheckpointMetadata, manifest: DatasetManifest,
     """
     problems: list[str] = []
     saved_cfg, new_cfg = flat_keys(meta.config), flat_keys(config.to_dict())
+    saved = meta.extra.get("manifest") or {}
+    # the interaction the models have, whether a config names it or leaves it to ``auto``
+    saved_cfg["model.interaction"] = parse_config(as_saved_before(meta.config)).model \
+        .resolved_interaction(len(saved.get("dense", ())), len(saved.get("sparse", ())))
+    new_cfg["model.interaction"] = config.model.resolved_interaction(len(manifest.dense),
+                                                                     len(manifest.sparse))
     for key in sorted(set(saved_cfg) | set(new_cfg)):
         if key.startswith(_FIXED) and not key.startswith(_FREE) and \
                 saved_cfg.get(key) != new_cfg.get(key):
             problems.append(f"setting {key}: {json.dumps(saved_cfg.get(key))} -> "
                             f"{json.dumps(new_cfg.get(key))}")
-    saved = meta.extra.get("manifest") or {}
     old_dense = [f["name"] for f in saved.get("dense", ())]
     if old_dense != manifest.dense_names:
         problems.append(f"dense features: the model has {old_dense}, the dataset "

@@ -126,7 +126,7 @@ def test_plan_uses_a_topology_file(tmp_path: Path) -> None:
 
 def test_plan_from_a_pipeline_config(tmp_path: Path) -> None:
     config = tmp_path / "pipe.yaml"
-    config.write_text("model: {embedding_dim: 8, dense_arch: [16, 8]}\n"
+    config.write_text("model: {embedding_dim: 8, dense_arch: [16, 8], interaction: dot}\n"
                       "training: {batch_size: 256}\n"
                       "embedding_optimizer: {kind: adagrad}\n"
                       "plan: {world_size: 2, device: cpu, sharding_types: [table_wise]}\n")
@@ -149,7 +149,7 @@ def test_plan_from_a_pipeline_config(tmp_path: Path) -> None:
 
 def test_plan_config_constraints_apply_per_table(tmp_path: Path) -> None:
     config = tmp_path / "pipe.yaml"
-    config.write_text("model: {embedding_dim: 8, dense_arch: [16, 8]}\n"
+    config.write_text("model: {embedding_dim: 8, dense_arch: [16, 8], interaction: dot}\n"
                       "training: {batch_size: 256}\n"
                       "plan:\n"
                       "  world_size: 2\n"

@@ -27,7 +27,9 @@ def sparse_only(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("sparse-only")
     ds = make_dataset(root / "ds", {"train": 1500, "val": 200, "test": 300}, num_dense=0,
                       num_sparse=3, num_embeddings=[40, 60, 30], row_group_size=256, seed=5)
-    train(ds.path, root / "run", load_config(None, [*OVERRIDES, "training.epochs=1"]))
+    # the dot interaction, the one with the learned vector (auto would pick dcn: 3 features)
+    train(ds.path, root / "run", load_config(None, [*OVERRIDES, "training.epochs=1",
+                                                    "model.interaction=dot"]))
     return ds.path, root / "run"
 
 
@@ -64,7 +66,7 @@ def test_a_checkpoint_from_before_the_setting_loads_without_the_vector(
     dataset, _ = sparse_only
     run = tmp_path / "run"
     train(dataset, run, load_config(None, [*OVERRIDES, "training.epochs=1",
-                                           "model.first_order=false"]))
+                                           "model.interaction=dot", "model.first_order=false"]))
     trained, _, _ = load_model(run)
     batch = _batch(dataset)
     with torch.no_grad():
