@@ -229,12 +229,13 @@ def values_of(space: Sequence[Param], config: PipelineConfig,
               sized: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The base config's point in the space (encoded as Optuna stores it), or None when a
     value lies outside it (a log range cannot hold a weight decay of 0: its low is used).
-    ``sized``: values for keys the config leaves at null (the sized batch size)."""
+    ``sized``: values for keys the config leaves at null or ``auto`` (the sized batch size,
+    the interaction ``auto`` resolves to)."""
     point: dict[str, Any] = {}
     for param in space:
         value = _get(config, param.key)
-        if value is None:
-            value = (sized or {}).get(param.key)
+        if value is None or value == "auto":
+            value = (sized or {}).get(param.key, value)
         if param.key == "model.dense_arch" and value and value[-1] == config.model.embedding_dim:
             value = value[:-1] or value
         if isinstance(value, list):

@@ -7,7 +7,8 @@ still missing (completed and pruned trials count; none is run twice). The output
 ``DIR`` refuses a second search on it while one runs.
 
 Sampler: TPE, seeded (``seed``); its first trials are random (a third of the budget, 3 to
-10), and trial 0 is the base config itself whenever its values lie in the space, so the
+10), and trial 0 is the base config itself whenever its values lie in the space (null and
+``auto`` settings as they resolve on the dataset), so the
 search never reports worse than the config it started from. Pruner: ``median`` (a trial
 below the median of the others at the same validation step stops, after 3 finished trials)
 or ``halving`` (successive halving over the validation steps), or ``none``.
@@ -238,6 +239,15 @@ def search_space(request: TuneRequest, base: PipelineConfig,
     return default_space(base, manifest, request.nproc_per_node)
 
 
+def resolved_values(base: PipelineConfig, manifest: DatasetManifest,
+                    world_size: int) -> dict[str, Any]:
+    """What the base config's null and ``auto`` settings become on this dataset (the sized
+    batch size, the interaction ``auto`` picks), so that its point in the space is found."""
+    return {"training.batch_size": auto_batch_size(manifest.split("train").rows, world_size),
+            "model.interaction": base.model.resolved_interaction(len(manifest.dense),
+                                                                 len(manifest.sparse))}
+
+
 def _run_parallel(request: TuneRequest, target: TrialTarget, remaining: int) -> None:
     """``parallel`` worker processes on the one study, the cores divided between them."""
     import os
@@ -280,8 +290,7 @@ def tune(request: TuneRequest, tracker: Tracker | None = None) -> TuneResult:
         study = open_study(out, request.metric, request.seed, request.pruner, request.trials)
         requeued = _recover(study)
         if not study.trials:
-            sized = auto_batch_size(manifest.split("train").rows, world)
-            point = values_of(space, base, {"training.batch_size": sized})
+            point = values_of(space, base, resolved_values(base, manifest, world))
             if point is not None:
                 study.enqueue_trial(point, user_attrs={"base": True})
         remaining = max(0, request.trials - _finished(study))

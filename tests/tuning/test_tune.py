@@ -232,6 +232,23 @@ def test_a_searched_embedding_width_carries_the_dense_arch_along() -> None:
     assert overrides_for(base, {"model.embedding_dim": 16}) == ["model.embedding_dim=16"]
 
 
+@pytest.mark.parametrize(("num_dense", "num_sparse", "resolved"), [(0, 2, "dcn"), (4, 8, "dot")])
+def test_the_base_trial_takes_the_interaction_auto_resolves_to(
+        tmp_path: Path, num_dense: int, num_sparse: int, resolved: str) -> None:
+    # The built-in defaults say `interaction: auto`, which the space's choices (dot, dcn) do
+    # not hold: the base's trial 0 must still be enqueued, as the interaction auto picks.
+    dataset = tmp_path / "data"
+    make_dataset(dataset, rows=600, num_dense=num_dense, num_sparse=num_sparse,
+                 num_embeddings=50, seed=0)
+    assert load_config().model.interaction == "auto"
+    result = tune(TuneRequest(dataset=dataset, out=tmp_path / "tune", trials=1, finalists=0,
+                              overrides=("training.epochs=1", "training.num_workers=0")))
+    base = _study(result.out).trials[0]
+    assert base.user_attrs.get("base") is True
+    assert base.params["model.interaction"] == resolved
+    assert load_config(result.best_yaml).model.interaction == resolved
+
+
 def test_a_second_search_on_one_folder_is_refused(tmp_path: Path) -> None:
     from ctrctl.errors import OutputLockedError
     from ctrctl.io import output_lock
