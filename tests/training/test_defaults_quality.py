@@ -89,13 +89,14 @@ def test_frappe_defaults_reach_the_peers(tmp_path: Path) -> None:
 def test_movielens_100k_ratings_as_clicks(tmp_path: Path) -> None:
     # No peer is published with this sample, so the reference is the item-CTR baseline that
     # `ctrctl eval` reports (AUC 0.707-0.714 on the three seeds' test splits): the defaults
-    # must clear it by 0.05 (measured: 0.7720, 0.7774, 0.7719, mean 0.774; without the
-    # learned vector of model.first_order, 0.748).
+    # must clear it by 0.062 (measured: 0.7807, 0.7834, 0.7805, mean 0.7815, with the dcn
+    # that model.interaction: auto picks for 2 features; with dot, 0.7738, which fails;
+    # without the learned vector of model.first_order, 0.748).
     from tests.conftest import shared_data
 
     movielens = shared_data("movielens-100k")
     _check(tmp_path, "movielens.yaml", [str(movielens / "u.data")], peer_auc=0.714,
-           auc_margin=-0.05, logloss_margin=0.05,
+           auc_margin=-0.062, logloss_margin=0.05,
            preprocess_args=("--split-ratio", "0.8,0.1,0.1"))
 
 
