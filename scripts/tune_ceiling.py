@@ -38,7 +38,7 @@ import polars as pl
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tune_samples import REPO, SETS, SPLIT_ARGS, _cli  # noqa: E402
+from tune_samples import REPO, SETS, _cli, prepare  # noqa: E402
 
 from ctrctl.modules.native import cpu_model  # noqa: E402
 
@@ -143,16 +143,8 @@ def _predictions(checkpoint: Path, dataset: Path, out: Path) -> tuple[float, pl.
 
 
 def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    schema, inputs = SETS[name]
-    work = args.work / f"{name}-s{seed}"
-    dataset = work / "ds"
-    if not (dataset / "manifest.json").is_file():
-        pre = ["preprocess", "--schema", str(REPO / "schemas" / schema), "--seed", str(seed),
-               "--out", str(dataset), "--no-track"]
-        for item in inputs:
-            split, _, path = item.rpartition("=")
-            pre += ["--input", f"{split}={args.data / path}" if split else str(args.data / path)]
-        _cli([*pre, *SPLIT_ARGS.get(name, [])])
+    dataset = prepare(name, seed, args)
+    work = dataset.parent
     singles, frames = [], []
     for k in range(args.runs):
         train_seed = seed + 10 * k

@@ -111,13 +111,11 @@ def _test_auc(checkpoint: Path, dataset: Path, out: Path) -> dict[str, float]:
     return {"auc": float(data["auc"]), "logloss": float(data["logloss"])}
 
 
-def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Defaults and the tuned best of one data set and seed."""
-    from ctrctl.tuning import TuneRequest, tune
-
+def prepare(name: str, seed: int, args: argparse.Namespace) -> Path:
+    """``args.work/NAME-sSEED/ds``: the set preprocessed with ``--seed SEED`` (the val split
+    it carves from train), made once."""
     schema, inputs = SETS[name]
-    work = args.work / f"{name}-s{seed}"
-    dataset = work / "ds"
+    dataset = args.work / f"{name}-s{seed}" / "ds"
     if not (dataset / "manifest.json").is_file():
         pre = ["preprocess", "--schema", str(REPO / "schemas" / schema), "--seed", str(seed),
                "--out", str(dataset), "--no-track"]
@@ -125,6 +123,15 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
             split, _, path = item.rpartition("=")
             pre += ["--input", f"{split}={args.data / path}" if split else str(args.data / path)]
         _cli([*pre, *SPLIT_ARGS.get(name, [])])
+    return dataset
+
+
+def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Defaults and the tuned best of one data set and seed."""
+    from ctrctl.tuning import TuneRequest, tune
+
+    dataset = prepare(name, seed, args)
+    work = dataset.parent
     seed_override = [f"training.seed={seed}"] if seed else []
     started = time.perf_counter()
     _cli(["train", "--dataset", str(dataset), "--out", str(work / "defaults"), "--no-track",

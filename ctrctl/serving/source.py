@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,59 +163,58 @@ class ModelSource:
 
     def _download_bundle(self, name: str, version: str, run_id: str) -> Path:
         """The bundle of a registered version in the cache (downloaded once, staged)."""
-        safe = hashlib.sha256(f"{self.tracking_uri}|{name}".encode()).hexdigest()[:8]
-        final = self.cache / f"{name}-{safe}-bundle" / version
-        if is_bundle(final):
-            return final
-        import mlflow.artifacts
 
-        final.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=final.parent))
-        try:
-            # the run's "model" (a bundle is registered from runs:/RUN/model): a runs:/ URI
-            # resolves through the tracking URI given here, a models:/ one through the
-            # global one
-            mlflow.artifacts.download_artifacts(artifact_uri=f"runs:/{run_id}/model",
-                                                dst_path=str(stage),
-                                                tracking_uri=self.tracking_uri)
+        def pick(stage: Path) -> Path:
             found = [p.parent for p in stage.rglob(BUNDLE_FILE)]
             if not found:
                 raise ConfigError(f"version {version} of {name} holds no {BUNDLE_FILE}",
                                   where=self.uri, hint="register a bundle made by ctrctl "
                                   "quantize --index --ranker")
             verify_bundle(found[0])
-            try:
-                os.replace(found[0], final)
-            except OSError:  # another worker got there first
-                if not is_bundle(final):
-                    raise
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
-        return final
+            return found[0]
+
+        # the run's "model" (a bundle is registered from runs:/RUN/model): a runs:/ URI
+        # resolves through the tracking URI given here, a models:/ one through the global one
+        return self._fetch(self._cached(name, "-bundle") / version, f"runs:/{run_id}/model",
+                           pick, is_bundle)
 
     def _download(self, name: str, version: str) -> Path:
-        safe = hashlib.sha256(f"{self.tracking_uri}|{name}".encode()).hexdigest()[:8]
-        final = self.cache / f"{name}-{safe}" / version
-        if (final / standalone.MANIFEST).is_file():
-            return final
-        import mlflow.artifacts
+        """The export of a registered pyfunc version in the cache (downloaded once, staged)."""
 
-        final.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=final.parent))
-        try:
-            mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}",
-                                                dst_path=str(stage),
-                                                tracking_uri=self.tracking_uri)
+        def pick(stage: Path) -> Path:
             found = [p.parent for p in stage.rglob(standalone.MANIFEST)
                      if p.parent.name == "export"]
             if not found:
                 raise ConfigError(f"version {version} of {name} holds no export folder",
                                   where=self.uri, hint="register a ctrctl pyfunc model")
             standalone.verify(str(found[0]))
+            return found[0]
+
+        return self._fetch(self._cached(name, "") / version, f"models:/{name}/{version}", pick,
+                           lambda folder: (folder / standalone.MANIFEST).is_file())
+
+    def _cached(self, name: str, suffix: str) -> Path:
+        safe = hashlib.sha256(f"{self.tracking_uri}|{name}".encode()).hexdigest()[:8]
+        return self.cache / f"{name}-{safe}{suffix}"
+
+    def _fetch(self, final: Path, artifact_uri: str, pick: Callable[[Path], Path],
+               ready: Callable[[Path], bool]) -> Path:
+        """``final`` once ``ready``: else ``artifact_uri`` downloaded into a staging folder
+        beside it, ``pick`` choosing (and verifying) the folder to keep, moved in whole."""
+        if ready(final):
+            return final
+        import mlflow.artifacts
+
+        final.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+        try:
+            mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=str(stage),
+                                                tracking_uri=self.tracking_uri)
+            found = pick(stage)
             try:
-                os.replace(found[0], final)
+                os.replace(found, final)
             except OSError:  # another worker got there first
-                if not (final / standalone.MANIFEST).is_file():
+                if not ready(final):
                     raise
         finally:
             shutil.rmtree(stage, ignore_errors=True)
