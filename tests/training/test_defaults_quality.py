@@ -67,7 +67,7 @@ def test_criteo_8k_defaults_reach_the_peers(criteo_8k: Path, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="measured: mean AUC 0.705 over seeds 0-2, the bar is 0.707 (README, "
+@pytest.mark.xfail(reason="measured: mean AUC 0.705 over seeds 0-2, the bar is 0.707 (docs/defaults.md, "
                           "Defaults that fit the data)", strict=False)
 def test_avazu_9k_defaults_reach_the_peers(avazu_9k: Path, tmp_path: Path) -> None:
     _check(tmp_path, "avazu_vocab.yaml", [
