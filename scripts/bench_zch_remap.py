@@ -144,6 +144,7 @@ def exchange_rank(rank: int, world: int, capacity: int, options: dict[str, Any]
     block = -(-capacity // world)
     blocks = {"t": [(r, r * block, min(block, capacity - r * block)) for r in range(world)]}
     share = args.batch // world
+    warm = max(2, 4 * capacity // args.batch)  # untimed steps that fill the table
     out: dict[str, list[dict[str, float]]] = {name: [] for name in EXCHANGES}
     for repeat in range(args.repeats):
         for name in EXCHANGES:
@@ -156,7 +157,7 @@ def exchange_rank(rank: int, world: int, capacity: int, options: dict[str, Any]
             ebc = EmbeddingBagCollection(tables)
             rng = np.random.default_rng(1000 * repeat)  # the same global stream everywhere
             times, cpu, sent = [], [], []
-            for step in range(max(2, 4 * capacity // args.batch) + args.steps):
+            for step in range(warm + args.steps):
                 keys = zipf_keys(rng, share * world, args.universe)[rank * share:][:share]
                 kjt = KeyedJaggedTensor(["f"], keys, lengths=torch.ones(share,
                                                                         dtype=torch.int64))
@@ -166,7 +167,7 @@ def exchange_rank(rank: int, world: int, capacity: int, options: dict[str, Any]
                 mc(kjt, ebc)
                 elapsed, used = time.perf_counter() - t0, time.process_time() - c0
                 counter.stop()
-                if step >= max(2, 4 * capacity // args.batch):  # warm: the table full
+                if step >= warm:  # the table full
                     times.append(elapsed)
                     cpu.append(used)
                     sent.append(counter.bytes)

@@ -6,8 +6,8 @@ For each split seed S (``preprocess --seed S`` draws the val split carved from t
 - **defaults, K training seeds**: ``ctrctl train`` with no config and ``training.seed`` S,
   S + 10, ..., S + 10 (K - 1): each run's test AUC (their mean and range: what one study seed
   of the tuning protocol can land on with the settings unchanged);
-- **their ensemble**: the mean of the K runs' predicted probabilities, scored by
-  ``ctrctl eval --predictions`` (what averaging the training noise away is worth);
+- **their ensemble**: the mean of the K runs' predicted probabilities (what averaging the
+  training noise away is worth);
 - **logistic regression on the same ids**: one weight per (feature, id) and a bias, L2
   penalty chosen on the val split from a small grid, fitted to convergence with L-BFGS: an
   independent reference on exactly the features the DLRM sees (test read once, for the
@@ -40,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tune_samples import REPO, SETS, _cli, prepare  # noqa: E402
 
+from ctrctl.metrics.functional import roc_auc  # noqa: E402
 from ctrctl.modules.native import cpu_model  # noqa: E402
 
 #: L2 penalties (per row of the training loss) the regression chooses from on val.
@@ -63,20 +64,6 @@ def standard_error(auc: float, positives: int, negatives: int) -> float:
     var = (auc * (1 - auc) + (positives - 1) * (q1 - auc * auc)
            + (negatives - 1) * (q2 - auc * auc)) / (positives * negatives)
     return math.sqrt(var)
-
-
-def _auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Exact AUC with ties counted half (the rank statistic)."""
-    order = np.argsort(scores, kind="mergesort")
-    ranks = np.empty(len(scores))
-    sorted_scores = scores[order]
-    # average ranks over ties
-    _, first, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
-    for start, n in zip(first, counts, strict=True):
-        ranks[order[start:start + n]] = start + (n + 1) / 2
-    pos = labels > 0.5
-    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
-    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def _split(dataset: Path, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -129,8 +116,8 @@ def logistic_reference(dataset: Path) -> dict[str, Any]:
                 logits(iva, dva, *params), torch.from_numpy(yva)))
         fits.append((val_loss, penalty, [p.detach() for p in params]))
     val_loss, penalty, params = min(fits, key=lambda f: f[0])
-    test_scores = logits(ite, dte, *params).numpy()
-    return {"penalty": penalty, "val_logloss": val_loss, "test_auc": _auc(yte, test_scores),
+    test_scores = torch.sigmoid(logits(ite, dte, *params)).numpy()
+    return {"penalty": penalty, "val_logloss": val_loss, "test_auc": roc_auc(yte, test_scores),
             "test_rows": len(yte), "test_clicks": int(yte.sum())}
 
 
@@ -156,7 +143,7 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
         frames.append(frame)
     labels = frames[0]["label"].to_numpy()
     mean_scores = np.mean([f["score"].to_numpy() for f in frames], axis=0)
-    ensemble = _auc(labels, mean_scores)
+    ensemble = roc_auc(labels, mean_scores)
     reference = logistic_reference(dataset)
     positives = int(labels.sum())
     se = standard_error(statistics.fmean(singles), positives, len(labels) - positives)

@@ -92,7 +92,7 @@ def write_bench(path: Path, rows: list[dict[str, Any]], load_before: str) -> Non
                  "(`scripts/tune_samples.py`)",
                  "TPE + median pruner on the carved val split (10% of train), the default "
                  "space; test AUC of DIR/best against the defaults trained with the same "
-                 "seed. One study seed per set: a spread needs the 3-seed protocol.",
+                 "seed. One row per study (set and study seed); the spread is over the study seeds.",
                  list(table[0]["values"]), table, load_before)
 
 

@@ -52,7 +52,7 @@ def serve_command(
     from ctrctl.serving.recommend import recommend_config
 
     config = ServeConfig(
-        **recommend_config(model, tracking_uri, str(cache_dir) if cache_dir else None),
+        **recommend_config(model, tracking_uri),
         host=host, port=port, workers=workers or default_workers(), threads=threads,
         max_batch_rows=max_batch_rows, max_wait_ms=max_wait_ms, timeout_ms=timeout_ms,
         max_rows_per_request=max_rows_per_request, max_queue_rows=max_queue_rows,

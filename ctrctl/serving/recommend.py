@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 import uuid
 from pathlib import Path
@@ -49,7 +48,7 @@ from ctrctl.inference.bundle import BUNDLE_KIND, Bundle, is_bundle, top_k
 from ctrctl.serving import model_api
 from ctrctl.serving.batcher import Overloaded
 from ctrctl.serving.requests import EXPECTED_VALUE, ClientError, Value
-from ctrctl.serving.source import ModelSource
+from ctrctl.serving.source import REGISTRY_URI, ModelSource
 
 if TYPE_CHECKING:
     from ctrctl.serving.app import ServerState
@@ -58,9 +57,6 @@ if TYPE_CHECKING:
 __all__ = ["RecommendRequest", "install", "resolve_bundle"]
 
 logger = logging.getLogger(__name__)
-
-_REGISTRY = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
-
 
 class RecommendRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -82,7 +78,7 @@ def resolve_bundle(model: str, tracking_uri: str | None = None,
 
 def is_registered_bundle(model: str, tracking_uri: str | None) -> bool:
     """Whether MODEL is a ``models:/`` URI whose version (now) is tagged as a bundle."""
-    if not _REGISTRY.match(model):
+    if not REGISTRY_URI.match(model):
         return False
     try:
         return ModelSource(model, tracking_uri).registered_kind() == BUNDLE_KIND
@@ -212,13 +208,10 @@ def check_bundle(model: str) -> None:
                           hint="make it again with ctrctl quantize --index --ranker")
 
 
-def recommend_config(model: str, tracking_uri: str | None, cache_dir: str | None
-                     ) -> dict[str, Any]:
+def recommend_config(model: str, tracking_uri: str | None) -> dict[str, Any]:
     """The ``ServeConfig`` fields of MODEL: ``model`` and ``bundle`` (MODEL again when it
-    names a bundle folder or a registered bundle, else None). ``cache_dir`` is unused:
-    the server downloads a registered bundle when it resolves it."""
-    del cache_dir
+    names a bundle folder or a registered bundle, else None). The server downloads a
+    registered bundle when it resolves it."""
     check_bundle(model)
-    bundled = is_bundle(model) if not _REGISTRY.match(model) else is_registered_bundle(
-        model, tracking_uri)
+    bundled = is_bundle(model) or is_registered_bundle(model, tracking_uri)
     return {"model": model, "bundle": model if bundled else None}

@@ -32,7 +32,8 @@ from ctrctl.errors import ConfigError, TrackingError
 from ctrctl.inference import standalone
 from ctrctl.inference.bundle import BUNDLE_FILE, BUNDLE_KIND, is_bundle, verify_bundle
 
-_REGISTRY = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
+#: ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``.
+REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
 
 
 def default_cache() -> Path:
@@ -75,7 +76,7 @@ class ModelSource:
     @classmethod
     def parse(cls, uri: str, tracking_uri: str | None = None,
               cache: Path | None = None, bundle: bool = False) -> ModelSource:
-        if uri.startswith("models:/") and not _REGISTRY.match(uri):
+        if uri.startswith("models:/") and not REGISTRY_URI.match(uri):
             raise ConfigError(f"model URI {uri!r} is not models:/NAME@ALIAS or "
                               "models:/NAME/VERSION", where="MODEL")
         if not uri.startswith("models:/") and not Path(uri).is_dir():
@@ -86,7 +87,7 @@ class ModelSource:
 
     @property
     def is_alias(self) -> bool:
-        match = _REGISTRY.match(self.uri)
+        match = REGISTRY_URI.match(self.uri)
         return bool(match and match["alias"])
 
     def _client(self) -> Any:
@@ -96,7 +97,7 @@ class ModelSource:
 
     def current_version(self) -> str:
         """The version the URI names now (an alias moves; a folder's is its manifest hash)."""
-        match = _REGISTRY.match(self.uri)
+        match = REGISTRY_URI.match(self.uri)
         if match is None:
             named = BUNDLE_FILE if self.bundle else standalone.MANIFEST
             digest = standalone.sha256_file(str(Path(self.uri) / named))
@@ -112,7 +113,7 @@ class ModelSource:
 
     def resolve(self, version: str | None = None) -> Resolved:
         """Download (once) and verify ``version`` (default: the current one)."""
-        match = _REGISTRY.match(self.uri)
+        match = REGISTRY_URI.match(self.uri)
         if match is None:
             folder = Path(self.uri)
             if self.bundle:
@@ -139,7 +140,7 @@ class ModelSource:
     def registered_kind(self) -> str | None:
         """The ``ctrctl.kind`` tag of the version a registry URI names now (None: a
         folder, or no such tag)."""
-        match = _REGISTRY.match(self.uri)
+        match = REGISTRY_URI.match(self.uri)
         if match is None:
             return None
         return (self._entry(match["name"], self.current_version()).tags or {}).get(
