@@ -17,6 +17,7 @@ Test AUC's standard error (Hanley and McNeil) is printed beside them: it is the 
 of any target on that split.
 
     python scripts/tune_ceiling.py --sets avazu --seeds 0 1 2 --runs 5 --json ceiling.json
+    python scripts/tune_ceiling.py --sets movielens --runs 3 --override model.interaction=dot
 
 Data: ``../shared/data`` relative to the repository (or --data).
 """
@@ -55,6 +56,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     parser.add_argument("--work", type=Path, default=Path("runs/tune-ceiling"))
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for every defaults run (repeatable), e.g. "
+                        "model.interaction=dot")
     return parser.parse_args(argv)
 
 
@@ -137,7 +141,7 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
         train_seed = seed + 10 * k
         out = work / f"defaults-t{train_seed}"
         _cli(["train", "--dataset", str(dataset), "--out", str(out), "--no-track", "--overwrite",
-              f"training.seed={train_seed}"])
+              f"training.seed={train_seed}", *args.override])
         auc, frame = _predictions(out, dataset, work / f"eval-t{train_seed}")
         singles.append(auc)
         frames.append(frame)
