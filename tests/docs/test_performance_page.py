@@ -35,7 +35,10 @@ def test_every_row_names_command_date_cpu_and_load() -> None:
     assert {r["bench"] for r in results} >= {"train", "sharding"}
     for result in results:
         for row in result["rows"]:
-            assert row["command"].startswith("python scripts/bench_")
+            # a script of scripts/ that reproduces the row (bench_*.py, tune_samples.py)
+            script = row["command"].removeprefix("python ").split()[0]
+            assert row["command"].startswith("python scripts/"), row["command"]
+            assert (REPO / script).is_file(), script
             assert row["date"] and row["cpu_model"] and row["load"]
 
 
